@@ -1,0 +1,318 @@
+//! The catalogue: stable ids, origins, and one enum that holds any machine.
+
+use crate::config::{Config, ConfigError};
+use crate::protocol::{
+    Acquire, Event, Lease, Outcome, Protocol, Request, RequestId, Token, UsageError,
+};
+use crate::time::Millis;
+use std::fmt;
+use std::str::FromStr;
+
+/// Lock or semaphore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// At most one holder.
+    Lock,
+    /// At most `limit` holders.
+    Semaphore,
+}
+
+/// The stable id of a catalogue protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProtocolId {
+    /// SETNX, no TTL, DEL to release.
+    SetnxDel,
+    /// SETNX then EXPIRE as two steps, with the TTL repair.
+    SetnxExpire,
+    /// The SETNX + GETSET expiry-timestamp recipe.
+    SetnxGetset,
+    /// SET NX PX; release = GET, compare, DEL.
+    SetPxGetDel,
+    /// SET NX PX; release under WATCH/MULTI/EXEC.
+    SetPxWatch,
+    /// SET NX PX; atomic Lua release and extend.
+    SetPxLua,
+    /// Hash lock with per-owner count and watchdog renewal.
+    Reentrant,
+    /// RedLock over N independent masters.
+    Redlock,
+    /// SET NX PX plus a fence counter INCRed on every grant.
+    Fenced,
+    /// ZSET scored by client time; rank < limit.
+    ZsetSemaphore,
+    /// Counter + owner ZSET + ZINTERSTORE.
+    FairSemaphore,
+    /// The fair semaphore guarded by a lock.
+    FairSemaphoreLocked,
+    /// Holder SET + max size under WATCH.
+    WatchSemaphore,
+    /// One atomic script per operation, server-side expiry, fenced permits.
+    LeaseSemaphore,
+}
+
+/// One row of the catalogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CatalogueEntry {
+    /// The stable id.
+    pub id: ProtocolId,
+    /// Lock or semaphore.
+    pub kind: Kind,
+    /// Where it comes from.
+    pub origin: &'static str,
+    /// The idea in one line.
+    pub idea: &'static str,
+}
+
+const CATALOGUE: [CatalogueEntry; 14] = [
+    entry(
+        ProtocolId::SetnxDel,
+        Kind::Lock,
+        "\"Redis in Action\" simple lock; pyRedisLock 1.0",
+        "SETNX, no TTL, DEL to release",
+    ),
+    entry(
+        ProtocolId::SetnxExpire,
+        Kind::Lock,
+        "\"Redis in Action\" lock with timeout",
+        "SETNX then EXPIRE (two steps), TTL repair when TTL == -1",
+    ),
+    entry(
+        ProtocolId::SetnxGetset,
+        Kind::Lock,
+        "the SETNX + GETSET timestamp recipe (old SETNX docs)",
+        "value is an expiry timestamp from the client clock; GETSET takeover",
+    ),
+    entry(
+        ProtocolId::SetPxGetDel,
+        Kind::Lock,
+        "\"Redis使用手册\" unsafe IdentityLock",
+        "SET NX PX; release = GET, compare, DEL",
+    ),
+    entry(
+        ProtocolId::SetPxWatch,
+        Kind::Lock,
+        "\"Redis in Action\" / IdentityLock with WATCH",
+        "SET NX PX; release inside WATCH/MULTI/EXEC",
+    ),
+    entry(
+        ProtocolId::SetPxLua,
+        Kind::Lock,
+        "Lua compare-and-delete (pyRedisLock 2.0, redis.io)",
+        "SET NX PX; atomic Lua release and extend",
+    ),
+    entry(
+        ProtocolId::Reentrant,
+        Kind::Lock,
+        "Redisson RLock",
+        "hash with per-owner count, watchdog renewal at TTL/3",
+    ),
+    entry(
+        ProtocolId::Redlock,
+        Kind::Lock,
+        "Redlock (redis.io distlock)",
+        "quorum of N masters, drift = ttl/100 + 2 ms, validity check, release everywhere",
+    ),
+    entry(
+        ProtocolId::Fenced,
+        Kind::Lock,
+        "beyond the sources (Kleppmann 2016 fencing tokens)",
+        "SET NX PX and INCR of a fence counter in one script; the resource rejects stale fences",
+    ),
+    entry(
+        ProtocolId::ZsetSemaphore,
+        Kind::Semaphore,
+        "\"Redis in Action\" 6.3.1 counting semaphore",
+        "ZSET scored by client time; rank < limit",
+    ),
+    entry(
+        ProtocolId::FairSemaphore,
+        Kind::Semaphore,
+        "\"Redis in Action\" 6.3.2 fair semaphore",
+        "INCR counter + owner ZSET + ZINTERSTORE; rank in the owner set",
+    ),
+    entry(
+        ProtocolId::FairSemaphoreLocked,
+        Kind::Semaphore,
+        "\"Redis in Action\" 6.3.5 semaphore with a lock",
+        "the fair semaphore's acquire guarded by a catalogue lock",
+    ),
+    entry(
+        ProtocolId::WatchSemaphore,
+        Kind::Semaphore,
+        "\"Redis使用手册\" semaphore",
+        "holder SET + max size under WATCH/MULTI/EXEC",
+    ),
+    entry(
+        ProtocolId::LeaseSemaphore,
+        Kind::Semaphore,
+        "beyond the sources",
+        "one atomic script per operation, server-side expiry, fenced permits, renewal",
+    ),
+];
+
+const fn entry(
+    id: ProtocolId,
+    kind: Kind,
+    origin: &'static str,
+    idea: &'static str,
+) -> CatalogueEntry {
+    CatalogueEntry {
+        id,
+        kind,
+        origin,
+        idea,
+    }
+}
+
+/// Every protocol of the catalogue, locks first.
+pub fn catalogue() -> &'static [CatalogueEntry] {
+    &CATALOGUE
+}
+
+impl ProtocolId {
+    /// Every id, in catalogue order.
+    pub fn all() -> impl Iterator<Item = ProtocolId> {
+        CATALOGUE.iter().map(|e| e.id)
+    }
+
+    /// The stable kebab-case id.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProtocolId::SetnxDel => "setnx-del",
+            ProtocolId::SetnxExpire => "setnx-expire",
+            ProtocolId::SetnxGetset => "setnx-getset",
+            ProtocolId::SetPxGetDel => "set-px-get-del",
+            ProtocolId::SetPxWatch => "set-px-watch",
+            ProtocolId::SetPxLua => "set-px-lua",
+            ProtocolId::Reentrant => "reentrant",
+            ProtocolId::Redlock => "redlock",
+            ProtocolId::Fenced => "fenced",
+            ProtocolId::ZsetSemaphore => "zset-semaphore",
+            ProtocolId::FairSemaphore => "fair-semaphore",
+            ProtocolId::FairSemaphoreLocked => "fair-semaphore-locked",
+            ProtocolId::WatchSemaphore => "watch-semaphore",
+            ProtocolId::LeaseSemaphore => "lease-semaphore",
+        }
+    }
+
+    /// The catalogue row.
+    pub fn entry(self) -> &'static CatalogueEntry {
+        CATALOGUE
+            .iter()
+            .find(|e| e.id == self)
+            .expect("every id has a catalogue row")
+    }
+
+    /// Lock or semaphore.
+    pub fn kind(self) -> Kind {
+        self.entry().kind
+    }
+}
+
+impl fmt::Display for ProtocolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An id that is not in the catalogue.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown protocol {0:?}; `lockwright list` shows the catalogue")]
+pub struct UnknownProtocol(pub String);
+
+impl FromStr for ProtocolId {
+    type Err = UnknownProtocol;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ProtocolId::all()
+            .find(|id| id.as_str() == s)
+            .ok_or_else(|| UnknownProtocol(s.to_owned()))
+    }
+}
+
+macro_rules! machines {
+    ($($id:ident => $ty:ty),* $(,)?) => {
+        /// Any catalogue machine, so that drivers and models can hold every
+        /// protocol in one type.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum Machine {
+            $(
+                #[doc = concat!("The `", stringify!($id), "` machine.")]
+                $id($ty),
+            )*
+        }
+
+        impl Machine {
+            /// Build the machine for `id` from `config`, holding `token`.
+            pub fn new(id: ProtocolId, config: &Config, token: Token) -> Result<Machine, ConfigError> {
+                match id {
+                    $(ProtocolId::$id => Ok(Machine::$id(<$ty>::new(config, token)?)),)*
+                    #[allow(unreachable_patterns)]
+                    other => unimplemented!("{other} is not in the core yet"),
+                }
+            }
+
+            /// Which protocol this is.
+            pub fn id(&self) -> ProtocolId {
+                match self {
+                    $(Machine::$id(_) => ProtocolId::$id,)*
+                }
+            }
+        }
+
+        impl Protocol for Machine {
+            fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
+                match self { $(Machine::$id(m) => m.acquire(now, how),)* }
+            }
+            fn release(&mut self, now: Millis) -> Result<(), UsageError> {
+                match self { $(Machine::$id(m) => m.release(now),)* }
+            }
+            fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
+                match self { $(Machine::$id(m) => m.extend(now),)* }
+            }
+            fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
+                match self { $(Machine::$id(m) => m.handle_reply(now, id, outcome),)* }
+            }
+            fn handle_timeout(&mut self, now: Millis) {
+                match self { $(Machine::$id(m) => m.handle_timeout(now),)* }
+            }
+            fn poll_transmit(&mut self) -> Option<Request> {
+                match self { $(Machine::$id(m) => m.poll_transmit(),)* }
+            }
+            fn poll_event(&mut self) -> Option<Event> {
+                match self { $(Machine::$id(m) => m.poll_event(),)* }
+            }
+            fn poll_timeout(&self) -> Option<Millis> {
+                match self { $(Machine::$id(m) => m.poll_timeout(),)* }
+            }
+            fn lease(&self) -> Option<&Lease> {
+                match self { $(Machine::$id(m) => m.lease(),)* }
+            }
+            fn is_busy(&self) -> bool {
+                match self { $(Machine::$id(m) => m.is_busy(),)* }
+            }
+        }
+    };
+}
+
+// One line per protocol: `Id => Type` (the type has
+// `fn new(&Config, Token) -> Result<Self, ConfigError>` and implements `Protocol`).
+machines! {
+    SetPxLua => crate::locks::set_px_lua::SetPxLua,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_are_unique() {
+        let ids: Vec<_> = ProtocolId::all().collect();
+        assert_eq!(ids.len(), 14);
+        for id in &ids {
+            assert_eq!(id.as_str().parse::<ProtocolId>(), Ok(*id));
+        }
+        assert!("nope".parse::<ProtocolId>().is_err());
+        let locks = catalogue().iter().filter(|e| e.kind == Kind::Lock).count();
+        assert_eq!(locks, 9);
+    }
+}

@@ -1,0 +1,8 @@
+//! The lock protocols of the catalogue, one file each.
+
+pub(crate) mod lease_lock;
+
+pub mod fenced;
+pub mod set_px_get_del;
+pub mod set_px_lua;
+pub mod set_px_watch;

@@ -1,0 +1,34 @@
+//! `set-px-lua`: `SET key token NX PX ttl`, released and extended by atomic
+//! Lua compare-and-act scripts.
+//!
+//! Origin: the single-instance lock of redis.io's distributed-lock page and
+//! pyRedisLock 2.0. The token makes the release owner-checked and the script
+//! makes the check and the delete one step, so a release can never delete a
+//! successor's lock. Like every lease it is only as safe as the holder's
+//! promise to stop when its validity runs out: a paused holder that resumes
+//! after its TTL still believes it holds (the `pause` fault).
+
+use super::lease_lock::{delegate_protocol, Grant, Guard, LeaseLock};
+use crate::config::{Config, ConfigError};
+use crate::protocol::Token;
+
+/// The `set-px-lua` lock machine.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SetPxLua(LeaseLock);
+
+impl SetPxLua {
+    /// A lock on `config.name` for the owner `token`. No automatic renewal.
+    pub fn new(config: &Config, token: Token) -> Result<SetPxLua, ConfigError> {
+        LeaseLock::new(
+            "set-px-lua",
+            config,
+            token,
+            Guard::Script,
+            Grant::SetNxPx,
+            false,
+        )
+        .map(SetPxLua)
+    }
+}
+
+delegate_protocol!(SetPxLua, 0);

@@ -1,0 +1,33 @@
+//! `set-px-watch`: `SET key token NX PX ttl`, released under
+//! `WATCH`/`MULTI`/`EXEC`.
+//!
+//! Origin: `release_lock` of "Redis in Action" 6.2 and the `IdentityLock`
+//! with `WATCH` of "Redis使用手册". The `WATCH` makes the `EXEC` abort when
+//! the key changed (or expired) after the `GET`, so the release retries
+//! instead of deleting a successor's lock. Extend works the same way.
+
+use super::lease_lock::{delegate_protocol, Grant, Guard, LeaseLock};
+use crate::config::{Config, ConfigError};
+use crate::protocol::Token;
+
+/// The `set-px-watch` lock machine. Its driver must give it a connection of
+/// its own: `WATCH` state lives on the connection.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SetPxWatch(LeaseLock);
+
+impl SetPxWatch {
+    /// A lock on `config.name` for the owner `token`. No automatic renewal.
+    pub fn new(config: &Config, token: Token) -> Result<SetPxWatch, ConfigError> {
+        LeaseLock::new(
+            "set-px-watch",
+            config,
+            token,
+            Guard::Watch,
+            Grant::SetNxPx,
+            false,
+        )
+        .map(SetPxWatch)
+    }
+}
+
+delegate_protocol!(SetPxWatch, 0);
