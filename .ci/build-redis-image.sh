@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Build the local Redis image used by lockwright-chaos, once per machine.
+#
+# The image is `FROM scratch` and holds only:
+#   - redis-server compiled from Debian's source package with MALLOC=libc
+#     (Debian's binary links jemalloc, which hangs under libfaketime),
+#   - the shared libraries it and libfaketime need (libc, libm, ld-linux),
+#     copied at their real paths,
+#   - libfaketime (Debian package libfaketime),
+#   - an empty /data (working directory, AOF) and /faketime (bind mount point).
+#
+# No registry is needed: nothing is pulled. Idempotent: it does nothing when
+# the image already exists (FORCE=1 rebuilds it); the compiled binary is
+# cached under $LOCKWRIGHT_CACHE (default ~/.cache/lockwright/redis-faketime).
+#
+# Environment:
+#   LOCKWRIGHT_REDIS_IMAGE  image tag (default lockwright/redis-faketime:7)
+#   LOCKWRIGHT_CACHE        cache directory
+#   FORCE=1                 rebuild the image even if the tag exists
+#   FORCE_COMPILE=1         also recompile redis-server
+set -euo pipefail
+
+IMAGE="${LOCKWRIGHT_REDIS_IMAGE:-lockwright/redis-faketime:7}"
+CACHE="${LOCKWRIGHT_CACHE:-${HOME}/.cache/lockwright/redis-faketime}"
+JOBS="${JOBS:-2}"
+SRC_LIST=/etc/apt/sources.list.d/lockwright-deb-src.sources
+START=$(date +%s)
+
+say() { printf '[build-redis-image %3ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+die() { say "ERROR: $*" >&2; exit 1; }
+
+command -v docker >/dev/null || die "docker CLI not found"
+docker info >/dev/null 2>&1 || die "Docker daemon not reachable"
+
+if [[ "${FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    say "image $IMAGE already exists (FORCE=1 rebuilds it); nothing to do"
+    exit 0
+fi
+
+mkdir -p "$CACHE"
+cd "$CACHE"
+
+# --- 1. Debian source package of redis -------------------------------------
+have_deb_src() {
+    grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/
+}
+
+SUITE="$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")"
+if ! have_deb_src; then
+    [[ $(id -u) == 0 ]] || die "no deb-src entry in /etc/apt and not root: add one for $SUITE"
+    say "adding deb-src entry for $SUITE in $SRC_LIST"
+    cat > "$SRC_LIST" <<EOF
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: $SUITE $SUITE-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb-src
+URIs: http://deb.debian.org/debian-security
+Suites: $SUITE-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+fi
+if ! apt-cache showsrc redis 2>/dev/null | grep -q '^Package: redis'; then
+    say "apt-get update (source indexes)"
+    apt-get update -qq || die "apt-get update failed"
+fi
+
+REDIS_VERSION="$(apt-cache showsrc redis | awk '/^Version:/ {print $2}' | sort -V | tail -1)"
+UPSTREAM="${REDIS_VERSION#*:}"
+UPSTREAM="${UPSTREAM%-*}"
+BIN="$CACHE/redis-server-$UPSTREAM-libc"
+say "Debian source redis $REDIS_VERSION (upstream $UPSTREAM)"
+
+if [[ "${FORCE_COMPILE:-0}" == 1 || ! -x "$BIN" ]]; then
+    mkdir -p src
+    (
+        cd src
+        if ! ls redis_"$UPSTREAM".orig.tar.* >/dev/null 2>&1; then
+            say "apt-get source --download-only redis"
+            apt-get source -qq -o APT::Sandbox::User=root --download-only redis || die "apt-get source failed"
+        fi
+        ORIG="$(ls redis_"$UPSTREAM".orig.tar.* | head -1)"
+        rm -rf build && mkdir build
+        tar -xf "$ORIG" -C build --strip-components=1
+        say "make MALLOC=libc BUILD_TLS=no -j$JOBS (about 30-60 s)"
+        make -C build -s MALLOC=libc BUILD_TLS=no -j"$JOBS" >make.log 2>&1 \
+            || { tail -30 make.log; die "make failed (log: $CACHE/src/make.log)"; }
+        cp build/src/redis-server "$BIN.tmp"
+        strip "$BIN.tmp"
+        mv "$BIN.tmp" "$BIN"
+    )
+    say "compiled $BIN"
+else
+    say "using cached $BIN"
+fi
+"$BIN" --version
+
+# --- 2. libfaketime from the Debian binary package --------------------------
+FAKETIME_LIB=usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+if [[ ! -f "$CACHE/faketime/$FAKETIME_LIB" ]]; then
+    say "apt-get download libfaketime"
+    rm -rf faketime-deb faketime && mkdir faketime-deb
+    (cd faketime-deb && apt-get download -qq -o APT::Sandbox::User=root libfaketime) || die "apt-get download libfaketime failed"
+    dpkg-deb -x faketime-deb/libfaketime_*.deb faketime
+fi
+[[ -f "$CACHE/faketime/$FAKETIME_LIB" ]] || die "libfaketime.so.1 missing after extraction"
+
+# --- 3. root file system ------------------------------------------------------
+say "assembling the root file system"
+ROOTFS="$CACHE/rootfs"
+rm -rf "$ROOTFS" && mkdir -p "$ROOTFS/usr/local/bin" "$ROOTFS/data" "$ROOTFS/faketime" \
+    "$ROOTFS/tmp" "$ROOTFS/$(dirname "$FAKETIME_LIB")"
+cp "$BIN" "$ROOTFS/usr/local/bin/redis-server"
+cp "$CACHE/faketime/$FAKETIME_LIB" "$ROOTFS/$FAKETIME_LIB"
+
+copy_real() { # copy a library at its real path, and its interpreter path as a symlink
+    local real
+    real="$(readlink -f "$1")"
+    if [[ ! -e "$ROOTFS$real" ]]; then
+        mkdir -p "$ROOTFS$(dirname "$real")"
+        cp "$real" "$ROOTFS$real"
+    fi
+    # The name the loader asks for (soname) next to the real file.
+    local named
+    named="$(dirname "$real")/$(basename "$1")"
+    [[ "$named" == "$real" || -e "$ROOTFS$named" ]] || ln -s "$(basename "$real")" "$ROOTFS$named"
+    echo "$real"
+}
+for elf in "$BIN" "$CACHE/faketime/$FAKETIME_LIB"; do
+    while read -r lib; do
+        say "  $(basename "$elf") needs $lib -> $(copy_real "$lib")"
+    done < <(ldd "$elf" | grep -oE '/[^ ]+' | sort -u)
+done
+# The ELF interpreter path (/lib64/ld-linux-x86-64.so.2) must exist as such.
+INTERP="$(readelf -l "$BIN" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')"
+if [[ -n "$INTERP" && ! -e "$ROOTFS$INTERP" ]]; then
+    mkdir -p "$ROOTFS$(dirname "$INTERP")"
+    ln -s "$(readlink -f "$INTERP")" "$ROOTFS$INTERP"
+fi
+chmod 1777 "$ROOTFS/tmp"
+
+cat > "$CACHE/Dockerfile" <<'EOF'
+FROM scratch
+COPY rootfs/ /
+WORKDIR /data
+EXPOSE 6379
+ENTRYPOINT ["/usr/local/bin/redis-server"]
+CMD ["--protected-mode", "no", "--save", "", "--appendonly", "no"]
+EOF
+printf 'faketime-deb\nfaketime\nsrc\nredis-server-*\n' > "$CACHE/.dockerignore"
+
+# --- 4. docker build ---------------------------------------------------------
+say "docker build -t $IMAGE"
+docker build -q -t "$IMAGE" \
+    --label org.lockwright.redis-version="$UPSTREAM" \
+    --label org.lockwright.malloc=libc "$CACHE" >"$CACHE/docker-build.log" 2>&1 \
+    || { cat "$CACHE/docker-build.log"; die "docker build failed"; }
+
+say "smoke test: redis-server --version inside the image"
+docker run --rm "$IMAGE" --version
+say "done: $IMAGE ($(docker image inspect -f '{{.Size}}' "$IMAGE") bytes)"
