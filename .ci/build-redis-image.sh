@@ -63,7 +63,7 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
 fi
-if ! apt-cache showsrc redis 2>/dev/null | grep -q '^Package: redis'; then
+if ! grep -q '^Package: redis' <(apt-cache showsrc redis 2>/dev/null); then
     say "apt-get update (source indexes)"
     apt-get update -qq || die "apt-get update failed"
 fi
