@@ -1,0 +1,442 @@
+//! The async API: [`Lock`] and [`LockGuard`], [`Semaphore`] and [`Permit`].
+
+use crate::driver::{self, DriverHandle, How, NodeSettings, Op};
+use crate::lease_cell::{LeaseCell, Phase};
+use crate::token::{owner_token, seed};
+use crate::Error;
+use lockwright_core::{Config, Fence, Kind, Lease, Machine, ProtocolId, Token, UsageError};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
+/// How a [`Lock`] or [`Semaphore`] behaves.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LockOptions {
+    /// Which catalogue protocol runs.
+    pub protocol: ProtocolId,
+    /// The lease's time to live.
+    pub ttl: Duration,
+    /// Semaphores: how many holders at most.
+    pub limit: u32,
+    /// How long the driver waits for one reply before treating its outcome
+    /// as unknown (and reconnecting).
+    pub request_timeout: Duration,
+    /// Renew the hold automatically, for the protocols that renew
+    /// (`reentrant`, `fenced`, `lease-semaphore`).
+    pub auto_renew: bool,
+    /// After a grant, `WAIT` for this many replicas; fewer acknowledging
+    /// undoes the grant and fails with [`Error::ReplicasNotAcknowledged`].
+    pub wait_replicas: Option<u32>,
+    /// Clock-drift allowance subtracted from every lease; `None` is RedLock's
+    /// `ttl/100 + 2 ms`.
+    pub drift: Option<Duration>,
+    /// First delay between acquire attempts.
+    pub retry_base: Duration,
+    /// Largest delay between acquire attempts.
+    pub retry_max: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> LockOptions {
+        LockOptions {
+            protocol: ProtocolId::SetPxLua,
+            ttl: Duration::from_secs(10),
+            limit: 1,
+            request_timeout: Duration::from_secs(1),
+            auto_renew: true,
+            wait_replicas: None,
+            drift: None,
+            retry_base: Duration::from_millis(10),
+            retry_max: Duration::from_millis(200),
+        }
+    }
+}
+
+impl LockOptions {
+    /// Defaults with `protocol` and `ttl`.
+    pub fn new(protocol: ProtocolId, ttl: Duration) -> LockOptions {
+        LockOptions {
+            protocol,
+            ttl,
+            ..LockOptions::default()
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Build a machine, turning the core's "not implemented yet" into a typed error.
+fn build_machine(id: ProtocolId, config: &Config, token: Token) -> Result<Machine, Error> {
+    // The catalogue panics for ids whose machine is not in the core yet; it
+    // is the only way to ask, so the panic is caught and made an error.
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Machine::new(id, config, token)
+    }));
+    match built {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Error::Unsupported(id)),
+    }
+}
+
+/// What a lock and a semaphore share.
+struct Shared {
+    clients: Vec<redis::Client>,
+    protocol: ProtocolId,
+    config: Config,
+    settings: NodeSettings,
+}
+
+impl Shared {
+    fn new(
+        clients: Vec<redis::Client>,
+        name: String,
+        options: &LockOptions,
+        wanted: Kind,
+    ) -> Result<Shared, Error> {
+        let actual = options.protocol.kind();
+        if actual != wanted {
+            return Err(Error::WrongKind {
+                protocol: options.protocol,
+                wanted,
+                actual,
+            });
+        }
+        let config = Config {
+            ttl_ms: millis(options.ttl),
+            nodes: u8::try_from(clients.len()).unwrap_or(u8::MAX),
+            limit: options.limit,
+            drift_ms: options.drift.map(millis),
+            reply_timeout_ms: None,
+            retry_base_ms: millis(options.retry_base).max(1),
+            retry_max_ms: millis(options.retry_max).max(1),
+            auto_renew: options.auto_renew,
+            wait_replicas: options.wait_replicas,
+            ..Config::new(name)
+        };
+        // Validate once, with a placeholder owner, so that a bad configuration
+        // fails here rather than at the first acquire.
+        build_machine(options.protocol, &config, Token("validation".into()))?;
+        Ok(Shared {
+            clients,
+            protocol: options.protocol,
+            config,
+            settings: NodeSettings {
+                request_timeout: options.request_timeout.max(Duration::from_millis(1)),
+            },
+        })
+    }
+
+    async fn acquire(&self, how: How) -> Result<Option<LockGuard>, Error> {
+        let span = tracing::info_span!(
+            "hold",
+            name = %self.config.name,
+            protocol = %self.protocol,
+        );
+        let op_span = tracing::info_span!(parent: &span, "acquire", ?how);
+        async {
+            let token = owner_token()?;
+            let config = Config {
+                seed: seed()?,
+                ..self.config.clone()
+            };
+            let machine = build_machine(self.protocol, &config, token)?;
+            // Dropping this future drops `handle`: the driver then gives back
+            // any grant that arrives and stops (see the driver's docs).
+            let handle = driver::spawn(machine, &self.clients, self.settings.clone(), span.clone());
+            let (done, result) = oneshot::channel();
+            handle
+                .ops
+                .send(Op::Acquire { how, done })
+                .map_err(|_| Error::DriverGone)?;
+            let granted = result.await.map_err(|_| Error::DriverGone)??;
+            Ok(granted.map(|g| LockGuard {
+                handle,
+                lease: g.lease,
+                cell: g.cell,
+                span,
+            }))
+        }
+        .instrument(op_span)
+        .await
+    }
+
+    fn fmt_nodes(&self) -> Vec<String> {
+        // The address only: a client's connection info also holds the
+        // password, which must never reach Debug output or logs.
+        self.clients
+            .iter()
+            .map(|c| c.get_connection_info().addr.to_string())
+            .collect()
+    }
+}
+
+/// A distributed lock on one name, over one Redis node (or several, for
+/// RedLock). Cheap to clone; every acquire makes a new owner token, a new
+/// machine and its own connections.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockwright_redis::Error> {
+/// use lockwright_redis::{Lock, LockOptions};
+/// use lockwright_core::ProtocolId;
+/// use std::time::Duration;
+///
+/// let client = redis::Client::open("redis://127.0.0.1:6379/").expect("a valid URL");
+/// let lock = Lock::new(vec![client], "orders", LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(5)))?;
+/// let guard = lock.acquire_timeout(Duration::from_secs(1)).await?;
+/// // ... critical section, until guard.valid_until() ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.shared.config.name)
+            .field("protocol", &self.shared.protocol)
+            .field("nodes", &self.shared.fmt_nodes())
+            .finish()
+    }
+}
+
+impl Lock {
+    /// A lock on `name` over `clients` (one node, or RedLock's masters).
+    /// Fails with [`Error::Config`] for a configuration the core rejects
+    /// (empty name, TTL 0 or too large, several nodes for a single-node
+    /// protocol), [`Error::WrongKind`] for a semaphore protocol and
+    /// [`Error::Unsupported`] for a protocol not in the core yet.
+    pub fn new(
+        clients: impl IntoIterator<Item = redis::Client>,
+        name: impl Into<String>,
+        options: LockOptions,
+    ) -> Result<Lock, Error> {
+        let shared = Shared::new(
+            clients.into_iter().collect(),
+            name.into(),
+            &options,
+            Kind::Lock,
+        )?;
+        Ok(Lock {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The protocol this lock runs.
+    pub fn protocol(&self) -> ProtocolId {
+        self.shared.protocol
+    }
+
+    /// The Redis key holding the lock: `{name}`.
+    pub fn key(&self) -> String {
+        self.shared.config.key()
+    }
+
+    /// Wait until the lock is ours.
+    pub async fn acquire(&self) -> Result<LockGuard, Error> {
+        self.shared
+            .acquire(How::Forever)
+            .await?
+            .ok_or(Error::Timeout)
+    }
+
+    /// One attempt: `None` when someone else holds it.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
+        self.shared.acquire(How::Once).await
+    }
+
+    /// Retry until `timeout`; [`Error::Timeout`] when it runs out first.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard, Error> {
+        self.shared
+            .acquire(How::Within(timeout))
+            .await?
+            .ok_or(Error::Timeout)
+    }
+}
+
+/// A counting semaphore: at most `limit` permits at once.
+#[derive(Clone)]
+pub struct Semaphore {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.shared.config.name)
+            .field("protocol", &self.shared.protocol)
+            .field("limit", &self.shared.config.limit)
+            .field("nodes", &self.shared.fmt_nodes())
+            .finish()
+    }
+}
+
+impl Semaphore {
+    /// A semaphore on `name` with `options.limit` permits, on one node.
+    pub fn new(
+        clients: impl IntoIterator<Item = redis::Client>,
+        name: impl Into<String>,
+        options: LockOptions,
+    ) -> Result<Semaphore, Error> {
+        let shared = Shared::new(
+            clients.into_iter().collect(),
+            name.into(),
+            &options,
+            Kind::Semaphore,
+        )?;
+        Ok(Semaphore {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// Wait for a permit.
+    pub async fn acquire(&self) -> Result<Permit, Error> {
+        self.shared
+            .acquire(How::Forever)
+            .await?
+            .ok_or(Error::Timeout)
+    }
+
+    /// One attempt: `None` when every permit is taken.
+    pub async fn try_acquire(&self) -> Result<Option<Permit>, Error> {
+        self.shared.acquire(How::Once).await
+    }
+
+    /// Retry until `timeout`; [`Error::Timeout`] when it runs out first.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit, Error> {
+        self.shared
+            .acquire(How::Within(timeout))
+            .await?
+            .ok_or(Error::Timeout)
+    }
+}
+
+/// A semaphore permit: the same guard as a lock's.
+pub type Permit = LockGuard;
+
+/// A held lock (or permit).
+///
+/// Leave the critical section by [`valid_until`](LockGuard::valid_until) or
+/// when [`lost`](LockGuard::lost) fires, whichever is first. Protocols that
+/// renew keep renewing while the guard lives. Dropping the guard releases
+/// the hold in the background (best effort: if that release cannot run,
+/// the TTL ends the hold).
+pub struct LockGuard {
+    handle: DriverHandle,
+    lease: Lease,
+    cell: LeaseCell,
+    span: tracing::Span,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The owner token is the proof of ownership: not printed.
+        f.debug_struct("LockGuard")
+            .field("fence", &self.lease.fence)
+            .field("phase", &self.cell.snapshot().phase)
+            .field("valid_until", &self.valid_until())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard {
+    /// The fencing token, for protocols that issue one: pass it to the
+    /// protected resource, which must refuse older fences.
+    pub fn fence(&self) -> Option<Fence> {
+        self.lease.fence
+    }
+
+    /// The owner token written to Redis.
+    pub fn token(&self) -> &Token {
+        &self.lease.token
+    }
+
+    /// When the hold stops being valid on this process' monotonic clock
+    /// (moves forward with every renewal).
+    pub fn valid_until(&self) -> Instant {
+        let ms = self.cell.snapshot().valid_until.get();
+        let origin = self.handle.origin.into_std();
+        origin
+            .checked_add(Duration::from_millis(ms))
+            // A TTL beyond what `Instant` can represent: far enough.
+            .or_else(|| origin.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+            .unwrap_or(origin)
+    }
+
+    /// Time left until [`valid_until`](LockGuard::valid_until).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Is the hold still held (not released, not lost, not expired)?
+    pub fn is_held(&self) -> bool {
+        self.cell.snapshot().phase == Phase::Held && self.remaining() > Duration::ZERO
+    }
+
+    /// Has the hold been lost?
+    pub fn is_lost(&self) -> bool {
+        self.cell.snapshot().phase == Phase::Lost
+    }
+
+    /// Resolves once, when the hold is lost: its validity ran out without a
+    /// renewal, or a renewal or extend found the key gone or taken. Never
+    /// resolves after a release. Use it in a `select!` beside the critical
+    /// section.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut lost = self.handle.lost.clone();
+        async move {
+            if lost.wait_for(|lost| *lost).await.is_err() {
+                // The driver stopped without a loss: nothing will come.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Op,
+    ) -> Result<T, Error> {
+        let (done, result) = oneshot::channel();
+        self.handle
+            .ops
+            .send(op(done))
+            .map_err(|_| Error::DriverGone)?;
+        result.await.map_err(|_| Error::DriverGone)?
+    }
+
+    /// Extend the hold by the TTL, measured from now.
+    pub async fn extend(&mut self) -> Result<(), Error> {
+        let span = tracing::info_span!(parent: &self.span, "extend");
+        match self.call(|done| Op::Extend { done }).instrument(span).await {
+            Ok(lease) => {
+                self.lease = lease;
+                Ok(())
+            }
+            Err(Error::Usage(UsageError::NotHeld)) => Err(Error::Lost),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Release the hold. `Ok(true)` when our hold was removed, `Ok(false)`
+    /// when it was already gone (expired, or taken by someone else).
+    pub async fn release(self) -> Result<bool, Error> {
+        let span = tracing::info_span!(parent: &self.span, "release");
+        self.cell.release();
+        match self
+            .call(|done| Op::Release { done })
+            .instrument(span)
+            .await
+        {
+            // Already lost: nothing of ours is left to remove.
+            Err(Error::Usage(UsageError::NotHeld)) => Ok(false),
+            other => other,
+        }
+    }
+}

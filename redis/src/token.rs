@@ -1,0 +1,41 @@
+//! Owner tokens and jitter seeds from the OS CSPRNG.
+
+use crate::Error;
+use lockwright_core::Token;
+
+/// A fresh owner token: 128 bits from the OS CSPRNG, as 32 lowercase hex digits.
+pub fn owner_token() -> Result<Token, Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Random(e.to_string()))?;
+    let mut hex = String::with_capacity(32);
+    for b in bytes {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    Ok(Token(hex))
+}
+
+/// A seed for the machine's retry jitter.
+pub(crate) fn seed() -> Result<u64, Error> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Random(e.to_string()))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_32_hex_digits_and_differ() {
+        let a = owner_token().unwrap().0;
+        let b = owner_token().unwrap().0;
+        assert_eq!(a.len(), 32);
+        assert!(a
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_ne!(a, b);
+    }
+}
