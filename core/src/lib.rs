@@ -60,6 +60,7 @@ pub mod config;
 pub mod keyspace;
 pub mod locks;
 pub mod protocol;
+pub mod sim;
 pub mod time;
 
 pub use catalogue::{catalogue, CatalogueEntry, Kind, Machine, ProtocolId};
