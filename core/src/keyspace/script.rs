@@ -5,6 +5,15 @@
 //! Release scripts also `PUBLISH` on the channel `<lock key>:released` so
 //! that waiters can be woken without polling; the keyspace model treats
 //! `PUBLISH` as a no-op that reaches no subscriber.
+//!
+//! The model of each script is the same sequence of `redis.call`s as its
+//! Lua text, run on the keyspace's command layer: a `redis.call` error
+//! aborts the script with that error reply and keeps the writes made before
+//! it, as Redis does. Real Redis appends the error's location to such an
+//! error (see [`strip_script_location`]); the model does not.
+
+use super::semantics::{parse_i64, NOT_AN_INTEGER};
+use super::{Command, Keyspace, Reply, ScoreBound, SetCondition, SetExpiry};
 
 /// A script of the catalogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -79,7 +88,9 @@ impl Script {
         }
     }
 
-    /// The Lua source sent to Redis.
+    /// The Lua source sent to Redis (valid Redis 7 Lua; the model's meaning
+    /// of each script is [`Keyspace`]'s `EVAL`, written as the same sequence
+    /// of `redis.call`s).
     pub fn lua(self) -> &'static str {
         match self {
             Script::CompareAndDelete => {
@@ -96,8 +107,413 @@ return 0"#
 end
 return 0"#
             }
-            // The remaining scripts are filled in with the keyspace model.
-            _ => "return redis.error_reply('ERR script not implemented')",
+            Script::ReentrantLock => {
+                r#"if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return nil
+end
+return redis.call('pttl', KEYS[1])"#
+            }
+            Script::ReentrantUnlock => {
+                r#"if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+  return nil
+end
+local counter = redis.call('hincrby', KEYS[1], ARGV[2], -1)
+if counter > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[1] .. ':released', ARGV[2])
+return 1"#
+            }
+            Script::ReentrantRenew => {
+                r#"if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return 1
+end
+return 0"#
+            }
+            Script::FencedAcquire => {
+                r#"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('incr', KEYS[2])
+end
+return nil"#
+            }
+            Script::LeaseAcquire => {
+                r#"local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('zremrangebyscore', KEYS[1], '-inf', '(' .. now)
+local limit = redis.call('get', KEYS[3])
+if not limit then
+  limit = ARGV[3]
+  redis.call('set', KEYS[3], limit)
+end
+if redis.call('zcard', KEYS[1]) < tonumber(limit) then
+  redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  return redis.call('incr', KEYS[2])
+end
+return nil"#
+            }
+            Script::LeaseRelease => {
+                r#"local removed = redis.call('zrem', KEYS[1], ARGV[1])
+if removed > 0 then
+  redis.call('publish', KEYS[1] .. ':released', ARGV[1])
+end
+return removed"#
+            }
+            Script::LeaseRenew => {
+                r#"local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('zremrangebyscore', KEYS[1], '-inf', '(' .. now)
+if redis.call('zscore', KEYS[1], ARGV[1]) then
+  redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  return 1
+end
+return 0"#
+            }
         }
     }
+}
+
+/// An error raised inside a script carries its location in real Redis:
+/// `WRONGTYPE Operation ... value script: <sha1>, on @user_script:1.`.
+/// This returns the error without that suffix, as the keyspace model
+/// reports it, so that the two can be compared.
+pub fn strip_script_location(error: &str) -> &str {
+    let Some(at) = error.rfind(" script: ") else {
+        return error;
+    };
+    let rest = &error[at + " script: ".len()..];
+    let is_location = rest.len() > 40
+        && rest.as_bytes()[..40].iter().all(u8::is_ascii_hexdigit)
+        && rest[40..].starts_with(", on @user_script:")
+        && rest.ends_with('.');
+    if is_location {
+        &error[..at]
+    } else {
+        error
+    }
+}
+
+/// What a script run produces: the reply it returns, or (as `Err`) the
+/// error reply that aborts it, as `redis.call` raises it. Writes made before
+/// the error stay, as in Redis.
+type Run = Result<Reply, Reply>;
+
+/// Redis' text when a `redis.call` argument is nil (a missing `KEYS[i]` or
+/// `ARGV[i]`).
+const NIL_ARGUMENT: &str = "ERR Lua redis lib command arguments must be strings or integers";
+
+/// One script execution: the keyspace, the time, `KEYS` and `ARGV`.
+struct Lua<'a> {
+    keyspace: &'a mut Keyspace,
+    now: u64,
+    keys: &'a [String],
+    args: &'a [String],
+}
+
+impl Lua<'_> {
+    /// `redis.call`: run a command, raise its error reply.
+    fn call(&mut self, command: Command) -> Run {
+        match self.keyspace.apply(self.now, &command) {
+            Reply::Error(e) => Err(Reply::Error(e)),
+            reply => Ok(reply),
+        }
+    }
+
+    /// `KEYS[i + 1]` handed to `redis.call`.
+    fn key(&self, i: usize) -> Result<String, Reply> {
+        self.keys
+            .get(i)
+            .cloned()
+            .ok_or_else(|| Reply::Error(NIL_ARGUMENT.into()))
+    }
+
+    /// `ARGV[i + 1]` handed to `redis.call`.
+    fn arg(&self, i: usize) -> Result<String, Reply> {
+        self.args
+            .get(i)
+            .cloned()
+            .ok_or_else(|| Reply::Error(NIL_ARGUMENT.into()))
+    }
+
+    /// `ARGV[i + 1]` handed to a command that parses it as an integer.
+    fn int_arg(&self, i: usize) -> Result<i64, Reply> {
+        parse_i64(&self.arg(i)?).ok_or_else(|| Reply::Error(NOT_AN_INTEGER.into()))
+    }
+
+    /// `redis.call('time')` turned into milliseconds, as the lease scripts
+    /// do: `t[1] * 1000 + floor(t[2] / 1000)`.
+    fn time_ms(&mut self) -> Result<i64, Reply> {
+        let reply = self.call(Command::Time)?;
+        let part = |i: usize| match &reply {
+            Reply::Array(items) => items.get(i).and_then(Reply::as_str).and_then(parse_i64),
+            _ => None,
+        };
+        match (part(0), part(1)) {
+            (Some(secs), Some(micros)) => {
+                Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
+            }
+            _ => Err(Reply::Error(
+                "ERR user_script: unexpected TIME reply".into(),
+            )),
+        }
+    }
+}
+
+/// Lua's `tonumber` for the integers the scripts read; anything else
+/// becomes nil, and using nil raises the Lua error `what` at `line`.
+fn lua_number(value: Option<&str>, line: u32, what: &str) -> Result<i64, Reply> {
+    value
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .ok_or_else(|| Reply::Error(format!("ERR user_script:{line}: {what}")))
+}
+
+const COMPARE_NIL: &str = "attempt to compare number with nil";
+const ARITHMETIC_NIL: &str = "attempt to perform arithmetic on a nil value";
+
+fn released(key: &str) -> String {
+    format!("{key}:released")
+}
+
+fn is_one(reply: &Reply) -> bool {
+    reply.as_int() == Some(1)
+}
+
+impl Keyspace {
+    /// `EVAL` of a catalogue script: its meaning, atomically at `now`.
+    pub(super) fn run_script(
+        &mut self,
+        now: u64,
+        script: Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Reply {
+        let mut lua = Lua {
+            keyspace: self,
+            now,
+            keys,
+            args,
+        };
+        let run = match script {
+            Script::CompareAndDelete => compare_and_delete(&mut lua),
+            Script::CompareAndPExpire => compare_and_pexpire(&mut lua),
+            Script::ReentrantLock => reentrant_lock(&mut lua),
+            Script::ReentrantUnlock => reentrant_unlock(&mut lua),
+            Script::ReentrantRenew => reentrant_renew(&mut lua),
+            Script::FencedAcquire => fenced_acquire(&mut lua),
+            Script::LeaseAcquire => lease_acquire(&mut lua),
+            Script::LeaseRelease => lease_release(&mut lua),
+            Script::LeaseRenew => lease_renew(&mut lua),
+        };
+        run.unwrap_or_else(|error| error)
+    }
+}
+
+/// `redis.call('get', KEYS[1]) == ARGV[1]` (a nil `ARGV[1]` equals nothing).
+fn holds_token(lua: &mut Lua<'_>) -> Result<bool, Reply> {
+    let key = lua.key(0)?;
+    let current = lua.call(Command::Get { key })?;
+    Ok(matches!((&current, lua.args.first()), (Reply::Bulk(v), Some(token)) if v == token))
+}
+
+fn compare_and_delete(lua: &mut Lua<'_>) -> Run {
+    if !holds_token(lua)? {
+        return Ok(Reply::Int(0));
+    }
+    let key = lua.key(0)?;
+    lua.call(Command::Del {
+        keys: vec![key.clone()],
+    })?;
+    let message = lua.arg(0)?;
+    lua.call(Command::Publish {
+        channel: released(&key),
+        message,
+    })?;
+    Ok(Reply::Int(1))
+}
+
+fn compare_and_pexpire(lua: &mut Lua<'_>) -> Run {
+    if !holds_token(lua)? {
+        return Ok(Reply::Int(0));
+    }
+    let key = lua.key(0)?;
+    let millis = lua.int_arg(1)?;
+    lua.call(Command::PExpire { key, millis })
+}
+
+fn reentrant_lock(lua: &mut Lua<'_>) -> Run {
+    let key = lua.key(0)?;
+    let free = lua.call(Command::Exists {
+        keys: vec![key.clone()],
+    })? == Reply::Int(0);
+    let owner = lua.arg(1)?;
+    let grant = free
+        || is_one(&lua.call(Command::HExists {
+            key: key.clone(),
+            field: owner.clone(),
+        })?);
+    if !grant {
+        return lua.call(Command::PTtl { key });
+    }
+    lua.call(Command::HIncrBy {
+        key: key.clone(),
+        field: owner,
+        by: 1,
+    })?;
+    let millis = lua.int_arg(0)?;
+    lua.call(Command::PExpire { key, millis })?;
+    Ok(Reply::Nil)
+}
+
+fn reentrant_unlock(lua: &mut Lua<'_>) -> Run {
+    let key = lua.key(0)?;
+    let owner = lua.arg(1)?;
+    let held = lua.call(Command::HExists {
+        key: key.clone(),
+        field: owner.clone(),
+    })?;
+    if held == Reply::Int(0) {
+        return Ok(Reply::Nil);
+    }
+    let counter = lua.call(Command::HIncrBy {
+        key: key.clone(),
+        field: owner.clone(),
+        by: -1,
+    })?;
+    if counter.as_int().is_some_and(|n| n > 0) {
+        let millis = lua.int_arg(0)?;
+        lua.call(Command::PExpire { key, millis })?;
+        return Ok(Reply::Int(0));
+    }
+    lua.call(Command::Del {
+        keys: vec![key.clone()],
+    })?;
+    lua.call(Command::Publish {
+        channel: released(&key),
+        message: owner,
+    })?;
+    Ok(Reply::Int(1))
+}
+
+fn reentrant_renew(lua: &mut Lua<'_>) -> Run {
+    let key = lua.key(0)?;
+    let owner = lua.arg(1)?;
+    let held = lua.call(Command::HExists {
+        key: key.clone(),
+        field: owner,
+    })?;
+    if !is_one(&held) {
+        return Ok(Reply::Int(0));
+    }
+    let millis = lua.int_arg(0)?;
+    lua.call(Command::PExpire { key, millis })?;
+    Ok(Reply::Int(1))
+}
+
+fn fenced_acquire(lua: &mut Lua<'_>) -> Run {
+    let key = lua.key(0)?;
+    let value = lua.arg(0)?;
+    // SET parses PX as an integer; a non-positive one is refused by SET
+    // itself with "invalid expire time".
+    let ms = lua.int_arg(1)?;
+    let set = lua.call(Command::Set {
+        key,
+        value,
+        condition: SetCondition::Nx,
+        expiry: SetExpiry::Px(u64::try_from(ms).unwrap_or(0)),
+        get: false,
+    })?;
+    if set == Reply::Nil {
+        return Ok(Reply::Nil);
+    }
+    let fence = lua.key(1)?;
+    lua.call(Command::Incr { key: fence })
+}
+
+/// The lease scripts' first step: read the server clock and drop the
+/// permits whose deadline is before it. Returns the clock in ms.
+fn drop_expired_permits(lua: &mut Lua<'_>) -> Result<i64, Reply> {
+    let now = lua.time_ms()?;
+    let key = lua.key(0)?;
+    lua.call(Command::ZRemRangeByScore {
+        key,
+        min: ScoreBound::NegInf,
+        max: ScoreBound::Exclusive(now),
+    })?;
+    Ok(now)
+}
+
+fn lease_acquire(lua: &mut Lua<'_>) -> Run {
+    let now = drop_expired_permits(lua)?;
+    let limit_key = lua.key(2)?;
+    let limit = match lua.call(Command::Get {
+        key: limit_key.clone(),
+    })? {
+        Reply::Bulk(limit) => limit,
+        _ => {
+            let limit = lua.arg(2)?;
+            lua.call(Command::Set {
+                key: limit_key,
+                value: limit.clone(),
+                condition: SetCondition::Always,
+                expiry: SetExpiry::None,
+                get: false,
+            })?;
+            limit
+        }
+    };
+    let permits = lua.key(0)?;
+    let held = lua.call(Command::ZCard {
+        key: permits.clone(),
+    })?;
+    let limit = lua_number(Some(&limit), 9, COMPARE_NIL)?;
+    if held.as_int().is_none_or(|held| held >= limit) {
+        return Ok(Reply::Nil);
+    }
+    let ttl = lua_number(lua.args.get(1).map(String::as_str), 10, ARITHMETIC_NIL)?;
+    let token = lua.arg(0)?;
+    lua.call(Command::ZAdd {
+        key: permits,
+        members: vec![(now.saturating_add(ttl), token)],
+    })?;
+    let fence = lua.key(1)?;
+    lua.call(Command::Incr { key: fence })
+}
+
+fn lease_release(lua: &mut Lua<'_>) -> Run {
+    let key = lua.key(0)?;
+    let token = lua.arg(0)?;
+    let removed = lua.call(Command::ZRem {
+        key: key.clone(),
+        members: vec![token.clone()],
+    })?;
+    if removed.as_int().is_some_and(|n| n > 0) {
+        lua.call(Command::Publish {
+            channel: released(&key),
+            message: token,
+        })?;
+    }
+    Ok(removed)
+}
+
+fn lease_renew(lua: &mut Lua<'_>) -> Run {
+    let now = drop_expired_permits(lua)?;
+    let key = lua.key(0)?;
+    let token = lua.arg(0)?;
+    let score = lua.call(Command::ZScore {
+        key: key.clone(),
+        member: token.clone(),
+    })?;
+    if score == Reply::Nil {
+        return Ok(Reply::Int(0));
+    }
+    let ttl = lua_number(lua.args.get(1).map(String::as_str), 5, ARITHMETIC_NIL)?;
+    lua.call(Command::ZAdd {
+        key,
+        members: vec![(now.saturating_add(ttl), token)],
+    })?;
+    Ok(Reply::Int(1))
 }
