@@ -298,6 +298,10 @@ macro_rules! machines {
 // `fn new(&Config, Token) -> Result<Self, ConfigError>` and implements `Protocol`).
 machines! {
     SetPxLua => crate::locks::set_px_lua::SetPxLua,
+    SetnxDel => crate::locks::setnx_del::SetnxDel,
+    SetnxExpire => crate::locks::setnx_expire::SetnxExpire,
+    SetnxGetset => crate::locks::setnx_getset::SetnxGetset,
+    Reentrant => crate::locks::reentrant::Reentrant,
 }
 
 #[cfg(test)]

@@ -1,4 +1,86 @@
 //! # lockwright-model
 //!
-//! Stateright models that check the core's own machines against every fault
-//! class, the verdict matrix, and the `lockwright` command line.
+//! Stateright checks of the core's own machines: which Redis lock or
+//! semaphore keeps which property under which fault, with the shortest
+//! counterexample for every violation.
+//!
+//! The model ([`model::LockModel`]) holds `lockwright-core` types directly:
+//! each client is a [`lockwright_core::Machine`], each Redis node a
+//! [`lockwright_core::keyspace::Keyspace`]. What is checked is what runs.
+//! Faults ([`fault::Fault`]) are budgeted nondeterministic actions; the four
+//! properties ([`fault::PropertyId`]) are evaluated in every reachable state
+//! within the bounds of [`model::ModelConfig`].
+//!
+//! [`matrix`] runs the checker for every (protocol, fault) cell and compares
+//! each verdict with the expectations in `model/expectations.txt`;
+//! [`trace`] prints a counterexample step by step and draws it as an SVG
+//! sequence diagram. The `lockwright` binary is the command line.
+
+pub mod fault;
+pub mod matrix;
+pub mod model;
+pub mod trace;
+
+pub use fault::{Fault, PropertyId};
+pub use model::{Action, LockModel, ModelConfig, State};
+
+use stateright::{Model, Property};
+
+impl Model for LockModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.initial()]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        self.enabled(state, actions);
+    }
+
+    fn next_state(&self, state: &State, action: Action) -> Option<State> {
+        self.step(state, &action)
+    }
+
+    fn format_action(&self, action: &Action) -> String {
+        format!("{action:?}")
+    }
+
+    fn format_step(&self, last_state: &State, action: Action) -> Option<String> {
+        let next = self.step(last_state, &action)?;
+        Some(format!(
+            "{}\n{}",
+            self.describe_action(last_state, &action),
+            self.describe(&next)
+        ))
+    }
+
+    fn as_svg(&self, path: stateright::Path<State, Action>) -> Option<String> {
+        let steps: Vec<(State, Option<Action>)> = path.into_vec();
+        Some(trace::svg(self, &steps))
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        self.properties
+            .iter()
+            .map(|p| match p {
+                PropertyId::MutualExclusion => {
+                    Property::always("mutual-exclusion", |m: &LockModel, s| {
+                        m.holds_in(PropertyId::MutualExclusion, s)
+                    })
+                }
+                PropertyId::FencedResource => {
+                    Property::always("fenced-resource", |m: &LockModel, s| {
+                        m.holds_in(PropertyId::FencedResource, s)
+                    })
+                }
+                PropertyId::OwnerOnly => Property::always("owner-only", |m: &LockModel, s| {
+                    m.holds_in(PropertyId::OwnerOnly, s)
+                }),
+                PropertyId::Progress => Property::always("progress", |m: &LockModel, s| {
+                    m.holds_in(PropertyId::Progress, s)
+                }),
+            })
+            .collect()
+    }
+}

@@ -3,6 +3,10 @@
 pub(crate) mod lease_lock;
 
 pub mod fenced;
+pub mod reentrant;
 pub mod set_px_get_del;
 pub mod set_px_lua;
 pub mod set_px_watch;
+pub mod setnx_del;
+pub mod setnx_expire;
+pub mod setnx_getset;

@@ -1,0 +1,786 @@
+//! `setnx-del`: `SETNX key token` with no TTL at all, released under
+//! `WATCH`/`MULTI DEL EXEC`.
+//!
+//! ## Idea
+//!
+//! The simplest lock Redis offers: whoever creates the key holds the lock.
+//! `SETNX {name} token` replies 1 to exactly one client; the others get 0 and
+//! try again later. The holder writes a random token so that its release can
+//! check that the key is still its own before deleting it.
+//!
+//! ## Origin
+//!
+//! "Redis in Action", 6.2.3, `acquire_lock` and `release_lock`; pyRedisLock
+//! 1.0 did the same with a plain `DEL` as its release. This machine follows
+//! the book's release: `WATCH key`, `GET key`; when the value is our token,
+//! `MULTI DEL EXEC` (and start again when `EXEC` aborts because the key
+//! changed), otherwise `UNWATCH`. Either release has the same weakness below.
+//!
+//! ## Known failure
+//!
+//! There is no TTL, so there is no lease: a hold lasts until its holder
+//! deletes the key, and [`Lease::valid_until`] is "forever"
+//! (`Millis(u64::MAX)`). A holder that crashes before releasing leaves the
+//! key behind and every later acquire is denied for ever: `progress` fails
+//! under the `crash` fault. The book says so itself and moves on to the lock
+//! with a timeout (`setnx-expire`). The same deadlock follows from a lost
+//! reply: a `SETNX` that ran but whose reply never came leaves our own token
+//! in the key, and this machine (like the book) treats the attempt as failed.
+//!
+//! [`Protocol::extend`] has nothing to extend: it reports
+//! [`Event::Extended`] with the same lease at once.
+//!
+//! The `WATCH` sequence and the retry delay are shared with `setnx-expire`
+//! (see [`watch_begin`], [`watch_step`] and [`retry_at`]).
+
+use crate::config::{Config, ConfigError};
+use crate::keyspace::{Command, Reply};
+use crate::protocol::{
+    Acquire, Backoff, Event, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError, Request,
+    RequestId, Timers, Token, UsageError,
+};
+use crate::time::Millis;
+
+// ---------------------------------------------------------------------------
+// Pieces shared by the SETNX locks.
+// ---------------------------------------------------------------------------
+
+/// When to try again after a failed attempt, or `None` to give up: the next
+/// jittered delay of `backoff`, as long as it still lands by the deadline of
+/// [`Acquire::Until`]. [`Acquire::Once`] never retries.
+pub(crate) fn retry_at(backoff: &mut Backoff, now: Millis, how: Acquire) -> Option<Millis> {
+    match how {
+        Acquire::Once => None,
+        Acquire::Until(deadline) => {
+            let at = now + backoff.next_delay();
+            (at <= deadline).then_some(at)
+        }
+    }
+}
+
+/// Where the book's `release_lock` sequence is: `WATCH`, `GET`, then either
+/// `MULTI act EXEC` (our value) or `UNWATCH` (not ours).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum WatchStep {
+    /// `WATCH key` is in flight.
+    Watch,
+    /// `GET key` is in flight.
+    Get,
+    /// `MULTI act EXEC` is in flight.
+    Exec,
+    /// `UNWATCH` after a foreign (or missing) value is in flight.
+    Unwatch,
+}
+
+impl WatchStep {
+    fn name(self) -> &'static str {
+        match self {
+            WatchStep::Watch => "WATCH",
+            WatchStep::Get => "GET",
+            WatchStep::Exec => "EXEC",
+            WatchStep::Unwatch => "UNWATCH",
+        }
+    }
+}
+
+/// What follows a reply in a watched sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Watched {
+    /// Send this command next and wait at this step.
+    Send(Command, WatchStep),
+    /// The sequence is over; `ours` says whether the act ran on our value.
+    Done {
+        /// Did the act run on our own value?
+        ours: bool,
+    },
+    /// An error reply or a reply of the wrong shape.
+    Failed(ProtocolError),
+}
+
+/// The first request of a watched sequence on `key`.
+pub(crate) fn watch_begin(key: &str) -> (Command, WatchStep) {
+    (
+        Command::Watch {
+            keys: vec![key.to_owned()],
+        },
+        WatchStep::Watch,
+    )
+}
+
+/// Advance a watched sequence on `key` that runs `act` when the key holds
+/// `ours`. An aborted `EXEC` starts the sequence again, as the book's
+/// `while True` loop does on `WatchError`.
+pub(crate) fn watch_step(
+    key: &str,
+    ours: &str,
+    act: &Command,
+    step: WatchStep,
+    reply: Reply,
+) -> Watched {
+    match (step, reply) {
+        (_, Reply::Error(e)) => Watched::Failed(ProtocolError::Redis(e)),
+        (WatchStep::Watch, r) if r.is_ok() => Watched::Send(
+            Command::Get {
+                key: key.to_owned(),
+            },
+            WatchStep::Get,
+        ),
+        (WatchStep::Get, Reply::Bulk(v)) if v == ours => {
+            Watched::Send(Command::Transaction(vec![act.clone()]), WatchStep::Exec)
+        }
+        (WatchStep::Get, Reply::Bulk(_) | Reply::Nil) => {
+            Watched::Send(Command::Unwatch, WatchStep::Unwatch)
+        }
+        (WatchStep::Unwatch, r) if r.is_ok() => Watched::Done { ours: false },
+        (WatchStep::Exec, Reply::Nil) => {
+            let (command, step) = watch_begin(key);
+            Watched::Send(command, step)
+        }
+        (WatchStep::Exec, Reply::Array(items)) => match items.as_slice() {
+            [Reply::Int(n)] => Watched::Done { ours: *n == 1 },
+            [Reply::Error(e)] => Watched::Failed(ProtocolError::Redis(e.clone())),
+            _ => Watched::Failed(ProtocolError::UnexpectedReply {
+                request: "EXEC",
+                reply: Reply::Array(items),
+            }),
+        },
+        (step, reply) => Watched::Failed(ProtocolError::UnexpectedReply {
+            request: step.name(),
+            reply,
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// States.
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum State {
+    Idle,
+    /// `SETNX` in flight.
+    Acquiring {
+        req: RequestId,
+        how: Acquire,
+    },
+    /// Taken; the retry timer is armed.
+    BackingOff {
+        how: Acquire,
+    },
+    /// The key is ours until we delete it.
+    Held {
+        lease: Lease,
+    },
+    /// The watched release is in flight.
+    Releasing {
+        req: RequestId,
+        step: WatchStep,
+        lease: Lease,
+    },
+}
+
+const RETRY: usize = 0;
+const REPLY: usize = 1;
+
+/// The lease of a lock without TTL: valid until we delete it.
+const FOREVER: Millis = Millis(u64::MAX);
+
+/// The `setnx-del` lock machine. Its driver must give it a connection of its
+/// own: the release's `WATCH` state lives on the connection.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SetnxDel {
+    key: String,
+    token: Token,
+    reply_timeout_ms: Option<u64>,
+    state: State,
+    backoff: Backoff,
+    timers: Timers<2>,
+    out: Outbox,
+}
+
+impl SetnxDel {
+    /// A lock on `config.name` for the owner `token`. `config.ttl_ms` is
+    /// validated but not used: this lock has no TTL.
+    pub fn new(config: &Config, token: Token) -> Result<SetnxDel, ConfigError> {
+        config.validate_single("setnx-del")?;
+        if token.0.is_empty() {
+            return Err(ConfigError::EmptyToken);
+        }
+        Ok(SetnxDel {
+            key: config.key(),
+            token,
+            reply_timeout_ms: config.reply_timeout_ms,
+            state: State::Idle,
+            backoff: config.backoff(),
+            timers: Timers::default(),
+            out: Outbox::default(),
+        })
+    }
+
+    fn send(&mut self, now: Millis, command: Command) -> RequestId {
+        if let Some(t) = self.reply_timeout_ms {
+            self.timers.set(REPLY, now + t);
+        }
+        self.out.send(NodeId(0), command)
+    }
+
+    fn send_setnx(&mut self, now: Millis, how: Acquire) {
+        let req = self.send(
+            now,
+            Command::SetNx {
+                key: self.key.clone(),
+                value: self.token.0.clone(),
+            },
+        );
+        self.state = State::Acquiring { req, how };
+    }
+
+    fn go_idle(&mut self) {
+        self.timers.clear_all();
+        self.state = State::Idle;
+    }
+
+    fn fail(&mut self, error: ProtocolError) {
+        self.go_idle();
+        self.out.emit(Event::Failed(error));
+    }
+
+    fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
+        self.timers.clear_all();
+        match retry_at(&mut self.backoff, now, how) {
+            Some(at) => {
+                self.timers.set(RETRY, at);
+                self.state = State::BackingOff { how };
+            }
+            None => {
+                self.state = State::Idle;
+                self.out.emit(Event::Denied);
+            }
+        }
+    }
+
+    fn current_request(&self) -> Option<RequestId> {
+        match &self.state {
+            State::Acquiring { req, .. } | State::Releasing { req, .. } => Some(*req),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Transitions.
+// ---------------------------------------------------------------------------
+
+impl Protocol for SetnxDel {
+    fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
+        match self.state {
+            State::Idle => {}
+            State::Held { .. } => return Err(UsageError::AlreadyHeld),
+            _ => return Err(UsageError::Busy),
+        }
+        self.backoff.reset();
+        self.send_setnx(now, how);
+        Ok(())
+    }
+
+    fn release(&mut self, now: Millis) -> Result<(), UsageError> {
+        let lease = match &self.state {
+            State::Held { lease } => lease.clone(),
+            State::Idle => return Err(UsageError::NotHeld),
+            _ => return Err(UsageError::Busy),
+        };
+        let (command, step) = watch_begin(&self.key);
+        let req = self.send(now, command);
+        self.state = State::Releasing { req, step, lease };
+        Ok(())
+    }
+
+    /// There is no TTL to extend: reports [`Event::Extended`] with the same
+    /// lease at once.
+    fn extend(&mut self, _now: Millis) -> Result<(), UsageError> {
+        match &self.state {
+            State::Held { lease } => {
+                let lease = lease.clone();
+                self.out.emit(Event::Extended(lease));
+                Ok(())
+            }
+            State::Idle => Err(UsageError::NotHeld),
+            _ => Err(UsageError::Busy),
+        }
+    }
+
+    fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
+        if self.current_request() != Some(id) {
+            return;
+        }
+        self.timers.clear(REPLY);
+        let state = std::mem::replace(&mut self.state, State::Idle);
+        match (state, outcome) {
+            (State::Acquiring { .. }, Outcome::Reply(Reply::Int(1))) => {
+                let lease = Lease {
+                    token: self.token.clone(),
+                    fence: None,
+                    valid_until: FOREVER,
+                };
+                self.timers.clear_all();
+                self.state = State::Held {
+                    lease: lease.clone(),
+                };
+                self.out.emit(Event::Acquired(lease));
+            }
+            // Taken, or unknown: the book only knows "setnx returned true".
+            (State::Acquiring { how, .. }, Outcome::Reply(Reply::Int(0)) | Outcome::Unknown) => {
+                self.retry_or_deny(now, how);
+            }
+            (State::Acquiring { .. }, Outcome::Reply(Reply::Error(e))) => {
+                self.fail(ProtocolError::Redis(e));
+            }
+            (State::Acquiring { .. }, Outcome::Reply(reply)) => {
+                self.fail(ProtocolError::UnexpectedReply {
+                    request: "SETNX",
+                    reply,
+                });
+            }
+            (State::Releasing { step, lease, .. }, Outcome::Reply(reply)) => {
+                let act = Command::Del {
+                    keys: vec![self.key.clone()],
+                };
+                match watch_step(&self.key, &self.token.0, &act, step, reply) {
+                    Watched::Send(command, step) => {
+                        let req = self.send(now, command);
+                        self.state = State::Releasing { req, step, lease };
+                    }
+                    Watched::Done { ours } => {
+                        self.go_idle();
+                        self.out.emit(Event::Released { was_held: ours });
+                    }
+                    Watched::Failed(e) => self.fail(e),
+                }
+            }
+            // Whether the DEL ran is unknown. With no TTL a key left behind
+            // stays for ever: the specimen's weakness, not repaired here.
+            (State::Releasing { .. }, Outcome::Unknown) => {
+                self.go_idle();
+                self.out.emit(Event::Released { was_held: false });
+            }
+            (state, _) => self.state = state,
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Millis) {
+        let due: Vec<usize> = self.timers.expire(now).collect();
+        for timer in due {
+            match (timer, &self.state) {
+                (REPLY, _) => {
+                    if let Some(req) = self.current_request() {
+                        self.handle_reply(now, req, Outcome::Unknown);
+                    }
+                }
+                (RETRY, State::BackingOff { how }) => {
+                    let how = *how;
+                    self.send_setnx(now, how);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn poll_transmit(&mut self) -> Option<Request> {
+        self.out.poll_transmit()
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.out.poll_event()
+    }
+
+    fn poll_timeout(&self) -> Option<Millis> {
+        self.timers.next()
+    }
+
+    fn lease(&self) -> Option<&Lease> {
+        match &self.state {
+            State::Held { lease } => Some(lease),
+            _ => None,
+        }
+    }
+
+    fn is_busy(&self) -> bool {
+        !matches!(self.state, State::Idle | State::Held { .. })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Test drivers shared by the lock tests of this crate.
+// ---------------------------------------------------------------------------
+
+#[cfg(test)]
+pub(crate) mod testkit {
+    use crate::keyspace::{ConnId, Keyspace};
+    use crate::protocol::{Event, Outcome, Protocol, Request};
+    use crate::time::Millis;
+
+    /// Run every queued request of `m` on `redis` (connection `conn`, node
+    /// clock `server_now`), feed each reply back at client time
+    /// `client_now`, and return the events.
+    pub(crate) fn drive_at<P: Protocol>(
+        m: &mut P,
+        redis: &mut Keyspace,
+        conn: u32,
+        client_now: Millis,
+        server_now: Millis,
+    ) -> Vec<Event> {
+        while let Some(request) = m.poll_transmit() {
+            let reply = redis.execute(ConnId(conn), server_now, &request.command);
+            m.handle_reply(client_now, request.id, Outcome::Reply(reply));
+        }
+        std::iter::from_fn(|| m.poll_event()).collect()
+    }
+
+    /// [`drive_at`] with one clock for client and server.
+    pub(crate) fn drive<P: Protocol>(
+        m: &mut P,
+        redis: &mut Keyspace,
+        conn: u32,
+        now: Millis,
+    ) -> Vec<Event> {
+        drive_at(m, redis, conn, now, now)
+    }
+
+    /// Fire every timer due by `until` in order, driving after each one;
+    /// returns the events and the instant of the last timer fired.
+    pub(crate) fn run_until<P: Protocol>(
+        m: &mut P,
+        redis: &mut Keyspace,
+        conn: u32,
+        until: Millis,
+    ) -> Vec<Event> {
+        let mut events = Vec::new();
+        let mut fired = 0;
+        while let Some(t) = m.poll_timeout().filter(|t| *t <= until) {
+            m.handle_timeout(t);
+            events.extend(drive(m, redis, conn, t));
+            fired += 1;
+            assert!(fired < 10_000, "timers never settle: {m:?}");
+        }
+        events
+    }
+
+    /// Take every queued request without running it: the client crashed
+    /// (or the network ate them).
+    pub(crate) fn drop_requests<P: Protocol>(m: &mut P) -> Vec<Request> {
+        std::iter::from_fn(|| m.poll_transmit()).collect()
+    }
+
+    /// Feed `outcome` to the next queued request of `m` instead of running it.
+    pub(crate) fn answer<P: Protocol>(m: &mut P, now: Millis, outcome: Outcome) -> Vec<Event> {
+        let request = m.poll_transmit().expect("a request is queued");
+        m.handle_reply(now, request.id, outcome);
+        std::iter::from_fn(|| m.poll_event()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testkit::{answer, drive, drop_requests, run_until};
+    use super::*;
+    use crate::keyspace::Keyspace;
+
+    fn config() -> Config {
+        Config {
+            ttl_ms: 1_000,
+            retry_base_ms: 10,
+            retry_max_ms: 40,
+            retry_jitter_percent: 0,
+            ..Config::new("orders")
+        }
+    }
+
+    fn lock(token: &str) -> SetnxDel {
+        SetnxDel::new(&config(), Token(token.into())).unwrap()
+    }
+
+    fn held(token: &str) -> Lease {
+        Lease {
+            token: Token(token.into()),
+            fence: None,
+            valid_until: FOREVER,
+        }
+    }
+
+    #[test]
+    fn acquire_holds_for_ever_and_a_second_client_is_denied() {
+        let mut redis = Keyspace::new();
+        let (mut a, mut b) = (lock("a"), lock("b"));
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        assert_eq!(
+            drive(&mut a, &mut redis, 0, Millis(0)),
+            [Event::Acquired(held("a"))]
+        );
+        assert_eq!(a.poll_timeout(), None, "no TTL, nothing to wake up for");
+        b.acquire(Millis(5), Acquire::Once).unwrap();
+        assert_eq!(drive(&mut b, &mut redis, 1, Millis(5)), [Event::Denied]);
+        assert_eq!(b.lease(), None);
+        assert_eq!(
+            a.acquire(Millis(6), Acquire::Once),
+            Err(UsageError::AlreadyHeld)
+        );
+    }
+
+    #[test]
+    fn release_deletes_our_key_and_lets_the_next_client_in() {
+        let mut redis = Keyspace::new();
+        let (mut a, mut b) = (lock("a"), lock("b"));
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(0));
+        a.release(Millis(10)).unwrap();
+        assert_eq!(
+            drive(&mut a, &mut redis, 0, Millis(10)),
+            [Event::Released { was_held: true }]
+        );
+        assert_eq!(a.lease(), None);
+        b.acquire(Millis(20), Acquire::Once).unwrap();
+        assert_eq!(
+            drive(&mut b, &mut redis, 1, Millis(20)),
+            [Event::Acquired(held("b"))]
+        );
+        assert_eq!(a.release(Millis(30)), Err(UsageError::NotHeld));
+    }
+
+    #[test]
+    fn release_does_not_delete_a_foreign_value() {
+        let mut redis = Keyspace::new();
+        let mut a = lock("a");
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(0));
+        // Someone overwrote the key (an operator, or another protocol).
+        redis.execute(
+            crate::keyspace::ConnId(9),
+            Millis(1),
+            &Command::Set {
+                key: "{orders}".into(),
+                value: "intruder".into(),
+                condition: crate::keyspace::SetCondition::Always,
+                expiry: crate::keyspace::SetExpiry::None,
+                get: false,
+            },
+        );
+        a.release(Millis(2)).unwrap();
+        assert_eq!(
+            drive(&mut a, &mut redis, 0, Millis(2)),
+            [Event::Released { was_held: false }]
+        );
+        let value = redis.execute(
+            crate::keyspace::ConnId(9),
+            Millis(3),
+            &Command::Get {
+                key: "{orders}".into(),
+            },
+        );
+        assert_eq!(value, Reply::Bulk("intruder".into()));
+    }
+
+    #[test]
+    fn an_aborted_exec_starts_the_release_again() {
+        let mut a = lock("a");
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        answer(&mut a, Millis(0), Outcome::Reply(Reply::Int(1)));
+        a.release(Millis(1)).unwrap();
+        answer(&mut a, Millis(1), Outcome::Reply(Reply::ok()));
+        answer(&mut a, Millis(1), Outcome::Reply(Reply::Bulk("a".into())));
+        // EXEC: nil, the watched key changed.
+        assert_eq!(answer(&mut a, Millis(1), Outcome::Reply(Reply::Nil)), []);
+        let again = a.poll_transmit().unwrap();
+        assert_eq!(
+            again.command,
+            Command::Watch {
+                keys: vec!["{orders}".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn extend_has_nothing_to_extend_and_reports_the_same_lease() {
+        let mut redis = Keyspace::new();
+        let mut a = lock("a");
+        assert_eq!(a.extend(Millis(0)), Err(UsageError::NotHeld));
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(0));
+        a.extend(Millis(1)).unwrap();
+        assert_eq!(a.poll_transmit(), None);
+        assert_eq!(a.poll_event(), Some(Event::Extended(held("a"))));
+        assert_eq!(a.lease(), Some(&held("a")));
+    }
+
+    #[test]
+    fn retries_until_the_deadline_then_denies() {
+        let mut redis = Keyspace::new();
+        let (mut a, mut b) = (lock("a"), lock("b"));
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(0));
+        b.acquire(Millis(0), Acquire::Until(Millis(100))).unwrap();
+        assert_eq!(drive(&mut b, &mut redis, 1, Millis(0)), []);
+        // No jitter: attempts at 0, 10, 30, 70; the next (110) is too late.
+        assert_eq!(b.poll_timeout(), Some(Millis(10)));
+        assert_eq!(
+            run_until(&mut b, &mut redis, 1, Millis(1_000)),
+            [Event::Denied]
+        );
+        assert_eq!(b.poll_timeout(), None);
+        assert!(!b.is_busy());
+    }
+
+    #[test]
+    fn a_waiter_gets_the_lock_once_the_holder_releases() {
+        let mut redis = Keyspace::new();
+        let (mut a, mut b) = (lock("a"), lock("b"));
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(0));
+        b.acquire(Millis(0), Acquire::Until(Millis(1_000))).unwrap();
+        drive(&mut b, &mut redis, 1, Millis(0));
+        a.release(Millis(15)).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(15));
+        assert_eq!(
+            run_until(&mut b, &mut redis, 1, Millis(1_000)),
+            [Event::Acquired(held("b"))]
+        );
+    }
+
+    #[test]
+    fn a_crashed_holder_deadlocks_everyone_for_ever() {
+        let mut redis = Keyspace::new();
+        let mut a = lock("a");
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(0));
+        // `a` crashes while holding: it never releases.
+        drop(a);
+        let mut b = lock("b");
+        let much_later = Millis(365 * 24 * 3_600_000);
+        b.acquire(much_later, Acquire::Until(much_later + 10_000))
+            .unwrap();
+        let mut events = drive(&mut b, &mut redis, 1, much_later);
+        events.extend(run_until(&mut b, &mut redis, 1, much_later + 20_000));
+        assert_eq!(events, [Event::Denied]);
+    }
+
+    #[test]
+    fn a_lost_setnx_reply_deadlocks_even_its_sender() {
+        let mut redis = Keyspace::new();
+        let mut a = lock("a");
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        // The SETNX runs, its reply is lost.
+        let request = a.poll_transmit().unwrap();
+        redis.execute(crate::keyspace::ConnId(0), Millis(0), &request.command);
+        a.handle_reply(Millis(0), request.id, Outcome::Unknown);
+        assert_eq!(a.poll_event(), Some(Event::Denied));
+        a.acquire(Millis(10), Acquire::Once).unwrap();
+        assert_eq!(drive(&mut a, &mut redis, 0, Millis(10)), [Event::Denied]);
+    }
+
+    #[test]
+    fn a_reply_timeout_is_an_unknown_outcome() {
+        let mut a = SetnxDel::new(
+            &Config {
+                reply_timeout_ms: Some(50),
+                ..config()
+            },
+            Token("a".into()),
+        )
+        .unwrap();
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        let lost = drop_requests(&mut a);
+        assert_eq!(lost.len(), 1);
+        assert_eq!(a.poll_timeout(), Some(Millis(50)));
+        a.handle_timeout(Millis(50));
+        assert_eq!(a.poll_event(), Some(Event::Denied));
+        // The late reply is stale and ignored.
+        a.handle_reply(Millis(60), lost[0].id, Outcome::Reply(Reply::Int(1)));
+        assert_eq!(a.lease(), None);
+        assert_eq!(a.poll_event(), None);
+    }
+
+    #[test]
+    fn bad_config_and_empty_token_are_typed_errors() {
+        assert_eq!(
+            SetnxDel::new(&config(), Token(String::new())),
+            Err(ConfigError::EmptyToken)
+        );
+        assert_eq!(
+            SetnxDel::new(
+                &Config {
+                    name: String::new(),
+                    ..config()
+                },
+                Token("a".into())
+            ),
+            Err(ConfigError::EmptyName)
+        );
+        assert!(matches!(
+            SetnxDel::new(
+                &Config {
+                    nodes: 3,
+                    ..config()
+                },
+                Token("a".into())
+            ),
+            Err(ConfigError::SingleNodeOnly { nodes: 3, .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_replies_fail_without_panicking_and_stale_ids_are_ignored() {
+        let garbage = [
+            Reply::Nil,
+            Reply::Int(7),
+            Reply::Bulk("x".into()),
+            Reply::Array(vec![]),
+            Reply::Status("QUEUED".into()),
+        ];
+        for reply in garbage {
+            let mut a = lock("a");
+            a.acquire(Millis(0), Acquire::Once).unwrap();
+            let events = answer(&mut a, Millis(0), Outcome::Reply(reply.clone()));
+            assert!(
+                matches!(
+                    events.as_slice(),
+                    [Event::Failed(ProtocolError::UnexpectedReply { .. })]
+                ),
+                "{reply:?}: {events:?}"
+            );
+            assert!(!a.is_busy());
+        }
+        let mut a = lock("a");
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        let events = answer(
+            &mut a,
+            Millis(0),
+            Outcome::Reply(Reply::Error("ERR x".into())),
+        );
+        assert_eq!(
+            events,
+            [Event::Failed(ProtocolError::Redis("ERR x".into()))]
+        );
+        // Release sequence: garbage at each step.
+        for step in 0..3 {
+            let mut a = lock("a");
+            a.acquire(Millis(0), Acquire::Once).unwrap();
+            answer(&mut a, Millis(0), Outcome::Reply(Reply::Int(1)));
+            a.release(Millis(1)).unwrap();
+            let good = [Reply::ok(), Reply::Bulk("a".into())];
+            for reply in &good[..step] {
+                answer(&mut a, Millis(1), Outcome::Reply(reply.clone()));
+            }
+            let events = answer(&mut a, Millis(1), Outcome::Reply(Reply::Int(42)));
+            assert!(
+                matches!(events.as_slice(), [Event::Failed(_)]),
+                "step {step}: {events:?}"
+            );
+            assert!(!a.is_busy());
+        }
+        // A reply to an id never sent is ignored.
+        let mut a = lock("a");
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        a.handle_reply(Millis(0), RequestId(99), Outcome::Reply(Reply::Int(1)));
+        assert!(a.is_busy());
+        assert_eq!(a.poll_event(), None);
+    }
+}

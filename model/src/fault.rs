@@ -1,0 +1,165 @@
+//! Fault classes and the properties checked under them.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A fault class: what the environment may do to the protocol, each a
+/// budgeted nondeterministic action of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// No fault: only interleavings of clients, nodes and time.
+    None,
+    /// A client stops for good at any step.
+    Crash,
+    /// A client takes no step while time advances (a GC pause, a stalled VM).
+    Pause,
+    /// Client clocks disagree: an offset of half a TTL, and one clock runs
+    /// 5 % slow (within RedLock's drift allowance of `ttl/100 + 2`).
+    ClientSkew,
+    /// One node's clock jumps forward by more than the TTL.
+    ClockJump,
+    /// A node restarts empty, at once.
+    Restart,
+    /// A node restarts empty, but stays down for longer than the TTL first.
+    RestartDelayed,
+    /// A node restarts with its data (AOF with `fsync always`).
+    RestartPersisted,
+    /// Node 0 has an asynchronous replica; replication is its own step; the
+    /// replica is promoted, dropping what it had not received.
+    Failover,
+    /// Messages are delivered late (time passes while they are in flight)
+    /// and one request or reply may be lost.
+    Delay,
+    /// A node is cut off from every client for a while; messages across the
+    /// cut are lost.
+    Partition,
+}
+
+impl Fault {
+    /// The nine columns of the verdict matrix.
+    pub const COLUMNS: [Fault; 9] = [
+        Fault::None,
+        Fault::Crash,
+        Fault::Pause,
+        Fault::ClientSkew,
+        Fault::ClockJump,
+        Fault::Restart,
+        Fault::Failover,
+        Fault::Delay,
+        Fault::Partition,
+    ];
+
+    /// Every fault, the columns first, then the restart variants.
+    pub const ALL: [Fault; 11] = [
+        Fault::None,
+        Fault::Crash,
+        Fault::Pause,
+        Fault::ClientSkew,
+        Fault::ClockJump,
+        Fault::Restart,
+        Fault::Failover,
+        Fault::Delay,
+        Fault::Partition,
+        Fault::RestartDelayed,
+        Fault::RestartPersisted,
+    ];
+
+    /// The stable id.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::Crash => "crash",
+            Fault::Pause => "pause",
+            Fault::ClientSkew => "client-skew",
+            Fault::ClockJump => "clock-jump",
+            Fault::Restart => "restart",
+            Fault::RestartDelayed => "restart-delayed",
+            Fault::RestartPersisted => "restart-persisted",
+            Fault::Failover => "failover",
+            Fault::Delay => "delay",
+            Fault::Partition => "partition",
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not a fault class.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fault {0:?}; known: none, crash, pause, client-skew, clock-jump, restart, restart-delayed, restart-persisted, failover, delay, partition")]
+pub struct UnknownFault(pub String);
+
+impl FromStr for Fault {
+    type Err = UnknownFault;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Fault::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| UnknownFault(s.to_owned()))
+    }
+}
+
+/// A safety or liveness property.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PropertyId {
+    /// At most one holder (`limit` for semaphores) inside its critical
+    /// section; a well-behaved client leaves when its own clock says its
+    /// validity ran out, unless it is paused.
+    MutualExclusion,
+    /// The resource accepts writes in grant order: it never accepts a write
+    /// from a holder whose hold was superseded by one whose write it already
+    /// accepted. With fencing it refuses an older fence; without fencing it
+    /// accepts every write, so such a stale write is a violation.
+    FencedResource,
+    /// No release or extend removes or extends another owner's hold.
+    OwnerOnly,
+    /// A running waiting client does not wait longer than `2·ttl + 2·max
+    /// retry delay` while no live client is inside and every node is up and
+    /// reachable (no deadlock, no leaked permit).
+    Progress,
+}
+
+impl PropertyId {
+    /// Every property.
+    pub const ALL: [PropertyId; 4] = [
+        PropertyId::MutualExclusion,
+        PropertyId::FencedResource,
+        PropertyId::OwnerOnly,
+        PropertyId::Progress,
+    ];
+
+    /// The stable id.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PropertyId::MutualExclusion => "mutual-exclusion",
+            PropertyId::FencedResource => "fenced-resource",
+            PropertyId::OwnerOnly => "owner-only",
+            PropertyId::Progress => "progress",
+        }
+    }
+}
+
+impl fmt::Display for PropertyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not a property.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown property {0:?}; known: mutual-exclusion, fenced-resource, owner-only, progress")]
+pub struct UnknownProperty(pub String);
+
+impl FromStr for PropertyId {
+    type Err = UnknownProperty;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PropertyId::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownProperty(s.to_owned()))
+    }
+}

@@ -1,0 +1,337 @@
+//! `lockwright`: the verdict matrix of Redis locks and semaphores under
+//! faults, computed by the model checker.
+
+use clap::{Parser, Subcommand};
+use lockwright_core::{catalogue, ProtocolId};
+use lockwright_model::fault::{Fault, PropertyId};
+use lockwright_model::matrix::{self, Cell, Verdict};
+use lockwright_model::trace;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(name = "lockwright", version, about = "Which Redis lock or semaphore is safe under which faults, checked")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the catalogue with origins.
+    List,
+    /// Check protocols under faults and print the verdict matrix.
+    Check {
+        /// Only this protocol (repeatable); default: all.
+        #[arg(long = "protocol", short)]
+        protocols: Vec<ProtocolId>,
+        /// Only this fault (repeatable); default: the nine matrix columns.
+        #[arg(long = "fault", short)]
+        faults: Vec<Fault>,
+        /// Print one JSON object per cell.
+        #[arg(long, conflicts_with = "markdown")]
+        json: bool,
+        /// Print the matrix as Markdown.
+        #[arg(long)]
+        markdown: bool,
+        /// Checker threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Also shorten every counterexample (slower).
+        #[arg(long)]
+        shortest: bool,
+    },
+    /// Print the shortest counterexample for one cell.
+    Explain {
+        /// Protocol id.
+        protocol: ProtocolId,
+        /// Fault id.
+        fault: Fault,
+        /// Only this property; default: every violated one.
+        #[arg(long)]
+        property: Option<PropertyId>,
+        /// Also write the trace as an SVG sequence diagram here.
+        #[arg(long)]
+        svg: Option<std::path::PathBuf>,
+    },
+    /// Step through the model in stateright's Explorer, in a browser.
+    Explore {
+        /// Protocol id.
+        protocol: ProtocolId,
+        /// Fault id.
+        fault: Fault,
+        /// Address to serve on.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        addr: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::List => {
+            list();
+            Ok(true)
+        }
+        Command::Check {
+            protocols,
+            faults,
+            json,
+            markdown,
+            threads,
+            shortest,
+        } => check(protocols, faults, json, markdown, threads, shortest),
+        Command::Explain {
+            protocol,
+            fault,
+            property,
+            svg,
+        } => explain(protocol, fault, property, svg),
+        Command::Explore {
+            protocol,
+            fault,
+            addr,
+        } => explore(protocol, fault, &addr),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn list() {
+    for e in catalogue() {
+        println!("{:<22} {:<9} {}", e.id.as_str(), format!("{:?}", e.kind).to_lowercase(), e.idea);
+        println!("{:<32} origin: {}", "", e.origin);
+    }
+}
+
+fn check(
+    protocols: Vec<ProtocolId>,
+    faults: Vec<Fault>,
+    json: bool,
+    markdown: bool,
+    threads: usize,
+    shortest: bool,
+) -> Result<bool> {
+    let rules = matrix::parse_expectations(matrix::EXPECTATIONS)?;
+    let protocols = if protocols.is_empty() {
+        ProtocolId::all().collect()
+    } else {
+        protocols
+    };
+    let faults = if faults.is_empty() {
+        Fault::COLUMNS.to_vec()
+    } else {
+        faults
+    };
+    let total = protocols.len() * faults.len();
+    let started = Instant::now();
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut states = 0usize;
+    let mut generated = 0usize;
+    for (i, &p) in protocols.iter().enumerate() {
+        for (j, &f) in faults.iter().enumerate() {
+            let run = matrix::check(p, f, threads.max(1), shortest)?;
+            states += run.states;
+            generated += run.generated;
+            let violated: Vec<&str> = run
+                .cells
+                .iter()
+                .filter(|c| c.verdict == Verdict::Violated)
+                .map(|c| c.property.as_str())
+                .collect();
+            eprintln!(
+                "[{:>3}/{total}] {:<22} {:<17} {:>9} states {:>7.2} s  violated: {}",
+                i * faults.len() + j + 1,
+                p.as_str(),
+                f.as_str(),
+                run.states,
+                run.seconds,
+                if violated.is_empty() { "-".to_owned() } else { violated.join(", ") }
+            );
+            cells.extend(run.cells);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut mismatches = 0;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for c in &cells {
+        let rule = matrix::expected(&rules, c.protocol, c.fault, c.property);
+        let expected = rule.map(|r| r.verdict);
+        if expected != Some(c.verdict) {
+            mismatches += 1;
+        }
+        if json {
+            let line = serde_json::json!({
+                "protocol": c.protocol.as_str(),
+                "fault": c.fault.as_str(),
+                "property": c.property.as_str(),
+                "verdict": c.verdict.as_str(),
+                "expected": expected.map(Verdict::as_str),
+                "reason": rule.map(|r| r.reason.as_str()),
+                "source": rule.map(|r| r.source.as_str()),
+                "states": c.states,
+                "seconds": c.seconds,
+                "trace_len": c.trace.as_ref().map(|t| t.len().saturating_sub(1)),
+            });
+            writeln!(out, "{line}")?;
+        }
+    }
+    if !json {
+        let table = render_matrix(&cells, &protocols, &faults, &rules, markdown);
+        write!(out, "{table}")?;
+    }
+    eprintln!(
+        "{} cells, {} unique states ({} generated) in {:.1} s: {:.0} states/s; {} differ from the expectations",
+        cells.len(),
+        states,
+        generated,
+        seconds,
+        generated as f64 / seconds.max(1e-9),
+        mismatches
+    );
+    if mismatches > 0 {
+        for c in &cells {
+            let rule = matrix::expected(&rules, c.protocol, c.fault, c.property);
+            if rule.map(|r| r.verdict) != Some(c.verdict) {
+                eprintln!(
+                    "MISMATCH {} {} {}: checker says {}, expected {} ({})",
+                    c.protocol,
+                    c.fault,
+                    c.property,
+                    c.verdict,
+                    rule.map(|r| r.verdict.as_str()).unwrap_or("nothing"),
+                    rule.map(|r| r.reason.as_str()).unwrap_or("no rule")
+                );
+            }
+        }
+    }
+    Ok(mismatches == 0)
+}
+
+fn render_matrix(
+    cells: &[Cell],
+    protocols: &[ProtocolId],
+    faults: &[Fault],
+    rules: &[matrix::Rule],
+    markdown: bool,
+) -> String {
+    let mut s = String::new();
+    let short = |p: PropertyId| match p {
+        PropertyId::MutualExclusion => "ME",
+        PropertyId::FencedResource => "FR",
+        PropertyId::OwnerOnly => "OO",
+        PropertyId::Progress => "PR",
+    };
+    let cell_text = |p: ProtocolId, f: Fault| -> String {
+        let mut parts = Vec::new();
+        for c in cells.iter().filter(|c| c.protocol == p && c.fault == f) {
+            let expected = matrix::expected(rules, p, f, c.property).map(|r| r.verdict);
+            let mark = if expected == Some(c.verdict) { "" } else { "!" };
+            if c.verdict == Verdict::Violated || !mark.is_empty() {
+                parts.push(format!("{}{}{}", mark, short(c.property), if c.verdict == Verdict::Violated { "✗" } else { "✓" }));
+            }
+        }
+        if parts.is_empty() {
+            "ok".to_owned()
+        } else {
+            parts.join(" ")
+        }
+    };
+    if markdown {
+        s.push_str("| protocol |");
+        for f in faults {
+            s.push_str(&format!(" {f} |"));
+        }
+        s.push_str("\n|---|");
+        for _ in faults {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        for p in protocols {
+            s.push_str(&format!("| `{p}` |"));
+            for f in faults {
+                s.push_str(&format!(" {} |", cell_text(*p, *f)));
+            }
+            s.push('\n');
+        }
+    } else {
+        s.push_str(&format!("{:<22}", "protocol"));
+        for f in faults {
+            s.push_str(&format!(" {:<12}", f.as_str()));
+        }
+        s.push('\n');
+        for p in protocols {
+            s.push_str(&format!("{:<22}", p.as_str()));
+            for f in faults {
+                s.push_str(&format!(" {:<12}", cell_text(*p, *f)));
+            }
+            s.push('\n');
+        }
+    }
+    s.push_str("\nok: every property holds. ME mutual-exclusion, FR fenced-resource, OO owner-only, PR progress; ✗ violated; ! differs from the expectations.\n");
+    s
+}
+
+fn explain(
+    protocol: ProtocolId,
+    fault: Fault,
+    property: Option<PropertyId>,
+    svg: Option<std::path::PathBuf>,
+) -> Result<bool> {
+    let run = matrix::check(protocol, fault, 2, true)?;
+    let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())?;
+    let mut any = false;
+    for cell in &run.cells {
+        if property.is_some_and(|p| p != cell.property) {
+            continue;
+        }
+        match &cell.trace {
+            None => println!("{protocol} under {fault}: {} holds ({} states)", cell.property, cell.states),
+            Some(t) => {
+                any = true;
+                println!(
+                    "{protocol} under {fault}: {} violated in {} steps:",
+                    cell.property,
+                    t.len().saturating_sub(1)
+                );
+                print!("{}", trace::text(&model, t));
+                if let Some(path) = &svg {
+                    let path = if property.is_none() && run.cells.iter().filter(|c| c.trace.is_some()).count() > 1 {
+                        path.with_file_name(format!(
+                            "{}-{}.svg",
+                            path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace"),
+                            cell.property
+                        ))
+                    } else {
+                        path.clone()
+                    };
+                    std::fs::write(&path, trace::svg(&model, t))?;
+                    println!("(diagram written to {})", path.display());
+                }
+                println!();
+            }
+        }
+    }
+    if !any && svg.is_some() {
+        eprintln!("no violation: no diagram written");
+    }
+    Ok(true)
+}
+
+fn explore(protocol: ProtocolId, fault: Fault, addr: &str) -> Result<bool> {
+    use stateright::Model;
+    let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())?;
+    eprintln!("serving the explorer on http://{addr}/ (Ctrl-C to stop)");
+    model.checker().serve(addr);
+    Ok(true)
+}

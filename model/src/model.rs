@@ -1,0 +1,1047 @@
+//! The stateright model: the core's own machines, Redis nodes as core
+//! keyspaces, a ghost true time, per-client and per-node clocks, the network
+//! and the protected resource, with faults as budgeted nondeterministic
+//! actions.
+//!
+//! # How time works
+//!
+//! A ghost *true time* advances only by [`Action::Tick`], and only to the
+//! next instant at which something can change: a client timer, a key's expiry
+//! on some node, a node coming back up, a lease's end. Each client reads its
+//! own clock `offset + true·num/den`; each node reads `true + offset` (a clock
+//! jump raises the offset). Without the `delay` fault time cannot pass while
+//! a message to or from a running client is in flight, and without the
+//! `pause` fault time cannot pass a running client's obligation (a due timer,
+//! the end of its validity, the write it has checked it may do).
+//!
+//! # The workload
+//!
+//! Every client runs one round: acquire (retrying until the horizon), hold
+//! for any time up to its validity, check its validity, write to the
+//! protected resource, release. The check and the write are separate steps,
+//! so a pause can fall between them.
+//!
+//! # The network
+//!
+//! One link per (client, node) pair, FIFO in each direction as TCP is;
+//! links interleave freely. A message is never duplicated. A request that
+//! reaches a node that is down or cut off, and a lost message, come back to
+//! the client as [`Outcome::Unknown`].
+
+use crate::fault::{Fault, PropertyId};
+use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
+use lockwright_core::{
+    Acquire, Config, ConfigError, Event, Kind, Lease, Machine, Millis, Outcome, Protocol,
+    ProtocolId, Request, RequestId, Token,
+};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
+
+/// The parameters of one check.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ModelConfig {
+    /// The protocol under test.
+    pub protocol: ProtocolId,
+    /// The fault class the environment may use.
+    pub fault: Fault,
+    /// Number of clients.
+    pub clients: u8,
+    /// Number of Redis nodes (3 for RedLock, else 1).
+    pub nodes: u8,
+    /// Lease TTL in model milliseconds.
+    pub ttl: u64,
+    /// First retry delay.
+    pub retry_base: u64,
+    /// Largest retry delay.
+    pub retry_max: u64,
+    /// True time at which exploration stops.
+    pub horizon: u64,
+}
+
+impl ModelConfig {
+    /// The standard bounds for `protocol` under `fault`: two clients, one
+    /// node (three for RedLock), TTL 20, retries every 4–8, horizon 64.
+    pub fn new(protocol: ProtocolId, fault: Fault) -> ModelConfig {
+        ModelConfig {
+            protocol,
+            fault,
+            clients: 2,
+            nodes: if protocol == ProtocolId::Redlock {
+                3
+            } else {
+                1
+            },
+            ttl: 20,
+            retry_base: 4,
+            retry_max: 8,
+            horizon: 64,
+        }
+    }
+
+    /// How long a waiting client may wait with no live holder inside
+    /// before `progress` counts as violated.
+    pub fn patience(&self) -> u64 {
+        2 * self.ttl + 2 * self.retry_max
+    }
+
+    /// The core configuration every client machine is built from.
+    pub fn core_config(&self, client: u8) -> Config {
+        Config {
+            ttl_ms: self.ttl,
+            nodes: self.nodes,
+            limit: 1,
+            retry_base_ms: self.retry_base,
+            retry_max_ms: self.retry_max,
+            retry_jitter_percent: 0,
+            seed: u64::from(client),
+            auto_renew: true,
+            ..Config::new("r")
+        }
+    }
+}
+
+/// A client clock: `offset + true·num/den`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientClock {
+    /// Reading at true time 0.
+    pub offset: u64,
+    /// Rate numerator.
+    pub num: u64,
+    /// Rate denominator.
+    pub den: u64,
+}
+
+impl ClientClock {
+    const EXACT: ClientClock = ClientClock {
+        offset: 0,
+        num: 1,
+        den: 1,
+    };
+
+    /// The reading at true time `t`.
+    pub fn at(self, t: u64) -> Millis {
+        Millis(self.offset + t * self.num / self.den)
+    }
+
+    /// The first true time at which the reading is at least `local`
+    /// (`None` when that is beyond any horizon).
+    pub fn true_time_of(self, local: Millis) -> Option<u64> {
+        let l = local.get();
+        if l <= self.offset {
+            return Some(0);
+        }
+        let d = l - self.offset;
+        if d > u64::MAX / (2 * self.den) {
+            return None;
+        }
+        Some((d * self.den).div_ceil(self.num))
+    }
+}
+
+/// Where a client's single round is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Acquiring (retrying).
+    Acquiring,
+    /// Holds, has not yet checked its validity for the write.
+    Holding(Lease),
+    /// Checked that its validity has not run out; the write comes next.
+    Checked(Lease),
+    /// Wrote (or was refused) and is releasing.
+    Releasing,
+    /// Finished its round (released, denied, lost or failed).
+    Done,
+}
+
+/// One client: a core machine plus the application around it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClientState {
+    /// The core machine.
+    pub machine: Machine,
+    /// Its clock.
+    pub clock: ClientClock,
+    /// Its round.
+    pub phase: Phase,
+    /// Paused (takes no step).
+    pub paused: bool,
+    /// Crashed (takes no step, ever).
+    pub crashed: bool,
+    /// True time since which it waits to acquire.
+    pub waiting_since: Option<u64>,
+    /// Grant sequence number of its current hold (ghost).
+    pub grant: u32,
+}
+
+impl ClientState {
+    fn inside(&self) -> bool {
+        !self.crashed && matches!(self.phase, Phase::Holding(_) | Phase::Checked(_))
+    }
+
+    fn runs(&self) -> bool {
+        !self.crashed && !self.paused
+    }
+}
+
+/// One Redis node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeState {
+    /// Its data and connections.
+    pub keyspace: Keyspace,
+    /// Its clock reads true time plus this.
+    pub offset: u64,
+    /// Down (restarting) until this true time.
+    pub down_until: Option<u64>,
+    /// Cut off from every client.
+    pub cut: bool,
+    /// The asynchronous replica (`failover` only).
+    pub replica: Option<Keyspace>,
+    /// Ghost: which client last wrote each string key.
+    pub writers: BTreeMap<String, u8>,
+}
+
+impl NodeState {
+    fn now(&self, t: u64) -> Millis {
+        Millis(t + self.offset)
+    }
+
+    fn reachable(&self, t: u64) -> bool {
+        !self.cut && self.down_until.is_none_or(|u| t >= u)
+    }
+}
+
+/// The messages on one (client, node) link.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Link {
+    /// Requests on their way to the node.
+    pub requests: VecDeque<Request>,
+    /// Replies on their way back.
+    pub replies: VecDeque<(RequestId, Outcome)>,
+}
+
+/// The protected resource.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Resource {
+    /// Highest fence accepted (fenced protocols).
+    pub highest_fence: Option<u64>,
+    /// Highest grant whose write was accepted (ghost).
+    pub newest_grant: u32,
+    /// Writes accepted, as (client, grant).
+    pub accepted: u8,
+    /// Writes refused for a stale fence.
+    pub refused: u8,
+    /// A superseded holder's write was accepted after its successor's.
+    pub stale_accepted: bool,
+}
+
+/// The whole model state.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    /// Ghost true time.
+    pub time: u64,
+    /// The clients.
+    pub clients: Vec<ClientState>,
+    /// The nodes.
+    pub nodes: Vec<NodeState>,
+    /// Links, index `client * nodes + node`.
+    pub links: Vec<Link>,
+    /// The protected resource.
+    pub resource: Resource,
+    /// Fault actions left.
+    pub budget: u8,
+    /// `delay`: ticks left that may pass while messages are in flight.
+    pub late_ticks: u8,
+    /// Grants so far (ghost).
+    pub grants: u32,
+    /// A release or extend touched another owner's hold (ghost, sticky).
+    pub owner_violation: bool,
+    /// Last true time a live client was inside or a node was cut off or
+    /// down: a waiter's patience runs from here.
+    pub last_inside: u64,
+}
+
+/// A step of the model.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// The node runs the first request on the link.
+    Deliver {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// The client receives the first reply on the link.
+    Receive {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// The client's clock reached its machine's deadline.
+    Timer(u8),
+    /// The holder checks its validity before writing.
+    Check(u8),
+    /// The holder writes to the resource, then releases.
+    Write(u8),
+    /// True time advances to this instant.
+    Tick(u64),
+    /// `crash`: the client stops for good.
+    Crash(u8),
+    /// `pause`: the client stops taking steps.
+    Pause(u8),
+    /// The paused client resumes.
+    Resume(u8),
+    /// `clock-jump`: the node's clock jumps forward by TTL + 1.
+    JumpClock(u8),
+    /// `restart*`: the node restarts.
+    Restart(u8),
+    /// `failover`: the replica catches up with node 0.
+    Replicate,
+    /// `failover`: the replica of node 0 is promoted in its place.
+    Promote,
+    /// `delay`: the first request on the link is lost.
+    LoseRequest {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// `delay`: the first reply on the link is lost.
+    LoseReply {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// `partition`: the node is cut off from every client.
+    Cut(u8),
+    /// `partition`: the cut heals.
+    Heal(u8),
+}
+
+/// A model of one protocol under one fault class.
+#[derive(Clone, Debug)]
+pub struct LockModel {
+    /// The bounds.
+    pub cfg: ModelConfig,
+    /// The properties checked (and named in counterexamples).
+    pub properties: Vec<PropertyId>,
+    limit: usize,
+}
+
+impl LockModel {
+    /// A model of `cfg` checking `properties`.
+    pub fn new(cfg: ModelConfig, properties: Vec<PropertyId>) -> Result<LockModel, ConfigError> {
+        // Build one machine to surface configuration errors early.
+        Machine::new(cfg.protocol, &cfg.core_config(0), Token("c0".into()))?;
+        let limit = match cfg.protocol.kind() {
+            Kind::Lock => 1,
+            Kind::Semaphore => cfg.core_config(0).limit as usize,
+        };
+        Ok(LockModel {
+            cfg,
+            properties,
+            limit,
+        })
+    }
+
+    fn token(client: u8) -> String {
+        format!("c{client}")
+    }
+
+    fn owner_of_token(s: &str) -> Option<u8> {
+        s.strip_prefix('c')?.parse().ok()
+    }
+
+    fn link(&self, client: u8, node: u8) -> usize {
+        usize::from(client) * usize::from(self.cfg.nodes) + usize::from(node)
+    }
+
+    /// The initial state.
+    pub fn initial(&self) -> State {
+        let cfg = &self.cfg;
+        let mut nodes: Vec<NodeState> = (0..cfg.nodes)
+            .map(|_| NodeState {
+                keyspace: Keyspace::new(),
+                offset: 0,
+                down_until: None,
+                cut: false,
+                replica: None,
+                writers: BTreeMap::new(),
+            })
+            .collect();
+        if cfg.protocol == ProtocolId::WatchSemaphore {
+            // The semaphore's administrator set its size before any client came.
+            let config = cfg.core_config(0);
+            let set_max = Command::Set {
+                key: config.key_with("max"),
+                value: config.limit.to_string(),
+                condition: lockwright_core::keyspace::SetCondition::Always,
+                expiry: lockwright_core::keyspace::SetExpiry::None,
+                get: false,
+            };
+            for n in &mut nodes {
+                n.keyspace.execute(ConnId(u32::MAX), Millis(0), &set_max);
+            }
+        }
+        if cfg.fault == Fault::Failover {
+            nodes[0].replica = Some(Keyspace::new());
+        }
+        let clients = (0..cfg.clients)
+            .map(|c| {
+                let clock = if cfg.fault == Fault::ClientSkew && c == 1 {
+                    ClientClock {
+                        offset: cfg.ttl / 2,
+                        num: 19,
+                        den: 20,
+                    }
+                } else {
+                    ClientClock::EXACT
+                };
+                let machine =
+                    Machine::new(cfg.protocol, &cfg.core_config(c), Token(Self::token(c)))
+                        .expect("validated in LockModel::new");
+                ClientState {
+                    machine,
+                    clock,
+                    phase: Phase::Acquiring,
+                    paused: false,
+                    crashed: false,
+                    waiting_since: Some(0),
+                    grant: 0,
+                }
+            })
+            .collect();
+        let mut state = State {
+            time: 0,
+            clients,
+            nodes,
+            links: vec![Link::default(); usize::from(cfg.clients) * usize::from(cfg.nodes)],
+            resource: Resource::default(),
+            budget: match cfg.fault {
+                Fault::None | Fault::ClientSkew => 0,
+                _ => 1,
+            },
+            late_ticks: if cfg.fault == Fault::Delay { 2 } else { 0 },
+            grants: 0,
+            owner_violation: false,
+            last_inside: 0,
+        };
+        for c in 0..cfg.clients {
+            let client = &mut state.clients[usize::from(c)];
+            let deadline = client.clock.at(cfg.horizon + cfg.ttl);
+            let now = client.clock.at(0);
+            client
+                .machine
+                .acquire(now, Acquire::Until(deadline))
+                .expect("a new machine is idle");
+            self.drain(&mut state, c);
+        }
+        state
+    }
+
+    /// Move a client's requests onto the wire and react to its events.
+    fn drain(&self, state: &mut State, c: u8) {
+        let ci = usize::from(c);
+        while let Some(req) = state.clients[ci].machine.poll_transmit() {
+            let l = self.link(c, req.node.0);
+            state.links[l].requests.push_back(req);
+        }
+        while let Some(event) = state.clients[ci].machine.poll_event() {
+            let client = &mut state.clients[ci];
+            match event {
+                Event::Acquired(lease) => {
+                    state.grants += 1;
+                    client.grant = state.grants;
+                    client.waiting_since = None;
+                    client.phase = Phase::Holding(lease);
+                }
+                Event::Extended(lease) => {
+                    if let Phase::Holding(_) = client.phase {
+                        client.phase = Phase::Holding(lease);
+                    }
+                }
+                Event::Denied | Event::Lost | Event::Failed(_) | Event::Released { .. } => {
+                    client.waiting_since = None;
+                    client.phase = Phase::Done;
+                }
+                Event::NotExtended => {}
+            }
+        }
+    }
+
+    /// The true-time instants at which client `c` must act.
+    fn obligation(&self, state: &State, c: usize) -> Option<u64> {
+        let client = &state.clients[c];
+        let timer = client
+            .machine
+            .poll_timeout()
+            .and_then(|d| client.clock.true_time_of(d));
+        let phase = match &client.phase {
+            Phase::Holding(lease) => client.clock.true_time_of(lease.valid_until),
+            Phase::Checked(_) => Some(state.time),
+            _ => None,
+        };
+        [timer, phase].into_iter().flatten().min()
+    }
+
+    /// The next instant worth advancing to, if time may advance at all.
+    fn next_instant(&self, state: &State) -> Option<u64> {
+        let t = state.time;
+        if t >= self.cfg.horizon {
+            return None;
+        }
+        let delay = state.late_ticks > 0;
+        let mut next = self.cfg.horizon;
+        for (c, client) in state.clients.iter().enumerate() {
+            if client.crashed {
+                continue;
+            }
+            let due = self.obligation(state, c);
+            if client.runs() {
+                if due.is_some_and(|d| d <= t) {
+                    return None;
+                }
+                if !delay && self.in_flight(state, c) {
+                    return None;
+                }
+            }
+            if let Some(d) = due {
+                if d > t {
+                    next = next.min(d);
+                }
+            }
+        }
+        for node in &state.nodes {
+            if let Some(u) = node.down_until {
+                if u > t {
+                    next = next.min(u);
+                }
+            }
+            for (_, entry) in node.keyspace.entries() {
+                if let Some(deadline) = entry.expires_at {
+                    // Expired once the node clock passes the deadline.
+                    let at = (deadline + 1).saturating_sub(node.offset);
+                    if at > t {
+                        next = next.min(at);
+                    }
+                }
+            }
+        }
+        Some(next)
+    }
+
+    /// Does a message to or from running client `c` sit on a link?
+    fn in_flight(&self, state: &State, c: usize) -> bool {
+        (0..self.cfg.nodes).any(|n| {
+            let link = &state.links[self.link(c as u8, n)];
+            !link.requests.is_empty() || !link.replies.is_empty()
+        })
+    }
+
+    /// Every hold visible on a node at its time `now`: (key, member, owner, expiry).
+    fn holds(node: &NodeState, now: Millis) -> BTreeSet<(String, String, u8, Option<u64>)> {
+        let mut out = BTreeSet::new();
+        for (key, entry) in node.keyspace.live(now) {
+            let Entry { value, expires_at } = entry;
+            match value {
+                Value::Str(s) => {
+                    let owner = Self::owner_of_token(s).or_else(|| node.writers.get(key).copied());
+                    if let Some(o) = owner {
+                        out.insert((key.to_owned(), String::new(), o, *expires_at));
+                    }
+                }
+                Value::Hash(h) => {
+                    for field in h.keys() {
+                        if let Some(o) = Self::owner_of_token(field) {
+                            out.insert((key.to_owned(), field.clone(), o, *expires_at));
+                        }
+                    }
+                }
+                Value::Set(s) => {
+                    for m in s {
+                        if let Some(o) = Self::owner_of_token(m) {
+                            out.insert((key.to_owned(), m.clone(), o, *expires_at));
+                        }
+                    }
+                }
+                Value::ZSet(z) => {
+                    for (m, score) in z {
+                        if let Some(o) = Self::owner_of_token(m) {
+                            out.insert((key.to_owned(), m.clone(), o, Some(*score as u64)));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn record_writers(writers: &mut BTreeMap<String, u8>, c: u8, command: &Command, reply: &Reply) {
+        match (command, reply) {
+            (Command::Set { key, .. }, r) if r.is_ok() || matches!(r, Reply::Bulk(_)) => {
+                writers.insert(key.clone(), c);
+            }
+            (Command::SetNx { key, .. }, Reply::Int(1)) | (Command::GetSet { key, .. }, _) => {
+                writers.insert(key.clone(), c);
+            }
+            (Command::Transaction(cmds), Reply::Array(replies)) => {
+                for (cmd, r) in cmds.iter().zip(replies) {
+                    Self::record_writers(writers, c, cmd, r);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn deliver(&self, state: &mut State, c: u8, n: u8) {
+        let l = self.link(c, n);
+        let Some(req) = state.links[l].requests.pop_front() else {
+            return;
+        };
+        let t = state.time;
+        let node = &mut state.nodes[usize::from(n)];
+        if !node.reachable(t) {
+            state.links[l].replies.push_back((req.id, Outcome::Unknown));
+            return;
+        }
+        let now = node.now(t);
+        let releasing = !matches!(state.clients[usize::from(c)].phase, Phase::Acquiring);
+        let before = releasing.then(|| Self::holds(node, now));
+        let reply = match &req.command {
+            Command::Wait { replicas, .. } => {
+                let synced = node
+                    .replica
+                    .as_ref()
+                    .is_some_and(|r| same_data(r, &node.keyspace));
+                Reply::Int(i64::from(synced).min(i64::from(*replicas)))
+            }
+            command => node.keyspace.execute(ConnId(u32::from(c)), now, command),
+        };
+        Self::record_writers(&mut node.writers, c, &req.command, &reply);
+        if let Some(before) = before {
+            let after = Self::holds(node, now);
+            let touched = before
+                .iter()
+                .filter(|h| h.2 != c)
+                .any(|h| !after.contains(h));
+            if touched {
+                state.owner_violation = true;
+            }
+        }
+        node.keyspace.purge_expired(now);
+        state.links[l]
+            .replies
+            .push_back((req.id, Outcome::Reply(reply)));
+    }
+
+    fn receive(&self, state: &mut State, c: u8, n: u8) {
+        let l = self.link(c, n);
+        let Some((id, outcome)) = state.links[l].replies.pop_front() else {
+            return;
+        };
+        let ci = usize::from(c);
+        if state.clients[ci].crashed {
+            return;
+        }
+        let now = state.clients[ci].clock.at(state.time);
+        state.clients[ci].machine.handle_reply(now, id, outcome);
+        self.drain(state, c);
+    }
+
+    fn after_step(&self, state: &mut State) {
+        let t = state.time;
+        let obstructed = state.nodes.iter().any(|n| !n.reachable(t));
+        if obstructed || state.clients.iter().any(ClientState::inside) {
+            state.last_inside = t;
+        }
+    }
+
+    /// The verdict of `property` on `state`: `true` when it holds.
+    pub fn holds_in(&self, property: PropertyId, state: &State) -> bool {
+        match property {
+            PropertyId::MutualExclusion => {
+                state.clients.iter().filter(|c| c.inside()).count() <= self.limit
+            }
+            PropertyId::FencedResource => !state.resource.stale_accepted,
+            PropertyId::OwnerOnly => !state.owner_violation,
+            PropertyId::Progress => state.clients.iter().all(|c| {
+                !c.runs()
+                    || c.waiting_since.is_none_or(|w| {
+                        state.time.saturating_sub(w.max(state.last_inside)) <= self.cfg.patience()
+                    })
+            }),
+        }
+    }
+
+    /// Every action enabled in `state`.
+    pub fn enabled(&self, state: &State, actions: &mut Vec<Action>) {
+        let cfg = &self.cfg;
+        let fault = cfg.fault;
+        for c in 0..cfg.clients {
+            let client = &state.clients[usize::from(c)];
+            for n in 0..cfg.nodes {
+                let link = &state.links[self.link(c, n)];
+                // A paused or crashed client's requests already on the wire still arrive.
+                if !link.requests.is_empty() {
+                    actions.push(Action::Deliver { client: c, node: n });
+                    if fault == Fault::Delay && state.budget > 0 {
+                        actions.push(Action::LoseRequest { client: c, node: n });
+                    }
+                }
+                if !link.replies.is_empty() && (client.runs() || client.crashed) {
+                    actions.push(Action::Receive { client: c, node: n });
+                    if fault == Fault::Delay && state.budget > 0 && !client.crashed {
+                        actions.push(Action::LoseReply { client: c, node: n });
+                    }
+                }
+            }
+            if client.runs() {
+                if client
+                    .machine
+                    .poll_timeout()
+                    .is_some_and(|d| d <= client.clock.at(state.time))
+                {
+                    actions.push(Action::Timer(c));
+                }
+                match client.phase {
+                    Phase::Holding(_) => actions.push(Action::Check(c)),
+                    Phase::Checked(_) => actions.push(Action::Write(c)),
+                    _ => {}
+                }
+                if state.budget > 0 {
+                    match fault {
+                        Fault::Crash => actions.push(Action::Crash(c)),
+                        Fault::Pause => actions.push(Action::Pause(c)),
+                        _ => {}
+                    }
+                }
+            }
+            if client.paused && !client.crashed {
+                actions.push(Action::Resume(c));
+            }
+        }
+        for n in 0..cfg.nodes {
+            let node = &state.nodes[usize::from(n)];
+            if state.budget > 0 {
+                match fault {
+                    Fault::ClockJump => actions.push(Action::JumpClock(n)),
+                    Fault::Restart | Fault::RestartDelayed | Fault::RestartPersisted => {
+                        actions.push(Action::Restart(n))
+                    }
+                    Fault::Partition => actions.push(Action::Cut(n)),
+                    _ => {}
+                }
+            }
+            if node.cut {
+                actions.push(Action::Heal(n));
+            }
+        }
+        if let Some(replica) = &state.nodes[0].replica {
+            if !same_data(replica, &state.nodes[0].keyspace) {
+                actions.push(Action::Replicate);
+            }
+            if state.budget > 0 {
+                actions.push(Action::Promote);
+            }
+        }
+        if let Some(t) = self.next_instant(state) {
+            actions.push(Action::Tick(t));
+        }
+    }
+
+    /// The state after `action`.
+    pub fn step(&self, state: &State, action: &Action) -> Option<State> {
+        let mut s = state.clone();
+        match *action {
+            Action::Deliver { client, node } => self.deliver(&mut s, client, node),
+            Action::Receive { client, node } => self.receive(&mut s, client, node),
+            Action::Timer(c) => {
+                let client = &mut s.clients[usize::from(c)];
+                let now = client.clock.at(s.time);
+                client.machine.handle_timeout(now);
+                self.drain(&mut s, c);
+            }
+            Action::Check(c) => {
+                let client = &mut s.clients[usize::from(c)];
+                let now = client.clock.at(s.time);
+                if let Phase::Holding(lease) = &client.phase {
+                    client.phase = if now < lease.valid_until {
+                        Phase::Checked(lease.clone())
+                    } else {
+                        Phase::Done
+                    };
+                }
+            }
+            Action::Write(c) => {
+                let ci = usize::from(c);
+                let Phase::Checked(lease) = s.clients[ci].phase.clone() else {
+                    return None;
+                };
+                let grant = s.clients[ci].grant;
+                let r = &mut s.resource;
+                let accept = match (lease.fence, r.highest_fence) {
+                    (Some(f), Some(h)) => f.0 >= h,
+                    _ => true,
+                };
+                if accept {
+                    if let Some(f) = lease.fence {
+                        r.highest_fence = Some(f.0);
+                    }
+                    if grant < r.newest_grant {
+                        r.stale_accepted = true;
+                    }
+                    r.newest_grant = r.newest_grant.max(grant);
+                    r.accepted += 1;
+                } else {
+                    r.refused += 1;
+                }
+                let client = &mut s.clients[ci];
+                let now = client.clock.at(s.time);
+                client.phase = match client.machine.release(now) {
+                    Ok(()) => Phase::Releasing,
+                    Err(_) => Phase::Done,
+                };
+                self.drain(&mut s, c);
+            }
+            Action::Tick(t) => {
+                let late = (0..s.clients.len()).any(|c| s.clients[c].runs() && self.in_flight(&s, c));
+                s.time = t;
+                if late {
+                    // A message held up across time obstructs like a cut.
+                    s.late_ticks -= 1;
+                    s.last_inside = t;
+                }
+            }
+            Action::Crash(c) => {
+                s.budget -= 1;
+                s.clients[usize::from(c)].crashed = true;
+                s.clients[usize::from(c)].waiting_since = None;
+            }
+            Action::Pause(c) => {
+                s.budget -= 1;
+                s.clients[usize::from(c)].paused = true;
+            }
+            Action::Resume(c) => {
+                let client = &mut s.clients[usize::from(c)];
+                client.paused = false;
+                // Patience counts only the time it runs.
+                if client.waiting_since.is_some() {
+                    client.waiting_since = Some(s.time);
+                }
+            }
+            Action::JumpClock(n) => {
+                s.budget -= 1;
+                let node = &mut s.nodes[usize::from(n)];
+                node.offset += self.cfg.ttl + 1;
+                let now = node.now(s.time);
+                node.keyspace.purge_expired(now);
+            }
+            Action::Restart(n) => {
+                s.budget -= 1;
+                let node = &mut s.nodes[usize::from(n)];
+                match self.cfg.fault {
+                    Fault::RestartPersisted => node.keyspace.drop_connections(),
+                    Fault::RestartDelayed => {
+                        node.keyspace.restart();
+                        node.writers.clear();
+                        node.down_until = Some(s.time + self.cfg.ttl + 1);
+                    }
+                    _ => {
+                        node.keyspace.restart();
+                        node.writers.clear();
+                    }
+                }
+            }
+            Action::Replicate => {
+                let master = s.nodes[0].keyspace.clone();
+                if let Some(replica) = &mut s.nodes[0].replica {
+                    replica.replicate_from(&master);
+                }
+            }
+            Action::Promote => {
+                s.budget -= 1;
+                let node = &mut s.nodes[0];
+                if let Some(replica) = node.replica.take() {
+                    node.keyspace.replicate_from(&replica);
+                    node.keyspace.drop_connections();
+                }
+            }
+            Action::LoseRequest { client, node } => {
+                s.budget -= 1;
+                let l = self.link(client, node);
+                if let Some(req) = s.links[l].requests.pop_front() {
+                    s.links[l].replies.push_back((req.id, Outcome::Unknown));
+                }
+            }
+            Action::LoseReply { client, node } => {
+                s.budget -= 1;
+                let l = self.link(client, node);
+                if let Some(front) = s.links[l].replies.front_mut() {
+                    front.1 = Outcome::Unknown;
+                }
+            }
+            Action::Cut(n) => {
+                s.budget -= 1;
+                s.nodes[usize::from(n)].cut = true;
+            }
+            Action::Heal(n) => s.nodes[usize::from(n)].cut = false,
+        }
+        self.after_step(&mut s);
+        Some(s)
+    }
+
+    /// A readable account of `state`: true time, clocks, keys, beliefs.
+    pub fn describe(&self, state: &State) -> String {
+        let mut out = String::new();
+        let _ = write!(out, "t={}", state.time);
+        for (i, c) in state.clients.iter().enumerate() {
+            let _ = write!(out, " | c{i}@{}", c.clock.at(state.time).get());
+            let phase = match &c.phase {
+                Phase::Acquiring => "acquiring".to_owned(),
+                Phase::Holding(l) => format!("holds until {}{}", l.valid_until.get(), fence(l)),
+                Phase::Checked(l) => format!("checked, writes{}", fence(l)),
+                Phase::Releasing => "releasing".to_owned(),
+                Phase::Done => "done".to_owned(),
+            };
+            let _ = write!(out, " {phase}");
+            if c.crashed {
+                out.push_str(" CRASHED");
+            }
+            if c.paused {
+                out.push_str(" PAUSED");
+            }
+        }
+        for (i, n) in state.nodes.iter().enumerate() {
+            let now = n.now(state.time);
+            let _ = write!(out, " | n{i}@{} {}", now.get(), n.keyspace.render(now));
+            if n.cut {
+                out.push_str(" CUT");
+            }
+            if n.down_until.is_some_and(|u| state.time < u) {
+                out.push_str(" DOWN");
+            }
+        }
+        out
+    }
+
+    /// A readable account of `action` taken from `state`.
+    pub fn describe_action(&self, state: &State, action: &Action) -> String {
+        match action {
+            Action::Deliver { client, node } => {
+                let l = &state.links[self.link(*client, *node)];
+                match l.requests.front() {
+                    Some(r) => format!("n{node} runs c{client}'s {}", command_text(&r.command)),
+                    None => format!("n{node} runs c{client}'s request"),
+                }
+            }
+            Action::Receive { client, node } => {
+                let l = &state.links[self.link(*client, *node)];
+                match l.replies.front() {
+                    Some((_, Outcome::Reply(r))) => {
+                        format!("c{client} gets {} from n{node}", reply_text(r))
+                    }
+                    Some((_, Outcome::Unknown)) => {
+                        format!("c{client} gets no reply from n{node} (unknown outcome)")
+                    }
+                    None => format!("c{client} receives from n{node}"),
+                }
+            }
+            Action::Timer(c) => format!("c{c}'s timer fires"),
+            Action::Check(c) => format!("c{c} checks its validity"),
+            Action::Write(c) => format!("c{c} writes to the resource and releases"),
+            Action::Tick(t) => format!("time passes to {t}"),
+            Action::Crash(c) => format!("c{c} crashes"),
+            Action::Pause(c) => format!("c{c} pauses"),
+            Action::Resume(c) => format!("c{c} resumes"),
+            Action::JumpClock(n) => format!("n{n}'s clock jumps forward by {}", self.cfg.ttl + 1),
+            Action::Restart(n) => format!("n{n} restarts ({})", self.cfg.fault),
+            Action::Replicate => "n0's replica catches up".to_owned(),
+            Action::Promote => "n0's replica is promoted".to_owned(),
+            Action::LoseRequest { client, node } => {
+                format!("c{client}'s request to n{node} is lost")
+            }
+            Action::LoseReply { client, node } => format!("n{node}'s reply to c{client} is lost"),
+            Action::Cut(n) => format!("n{n} is cut off"),
+            Action::Heal(n) => format!("n{n}'s cut heals"),
+        }
+    }
+}
+
+fn fence(l: &Lease) -> String {
+    l.fence
+        .map(|f| format!(" (fence {})", f.0))
+        .unwrap_or_default()
+}
+
+fn same_data(a: &Keyspace, b: &Keyspace) -> bool {
+    a.entries().eq(b.entries())
+}
+
+/// A short rendering of a command, as `redis-cli` would show it.
+pub fn command_text(c: &Command) -> String {
+    match c {
+        Command::Set {
+            key,
+            value,
+            condition,
+            expiry,
+            get,
+        } => {
+            let mut s = format!("SET {key} {value}");
+            match condition {
+                lockwright_core::keyspace::SetCondition::Nx => s.push_str(" NX"),
+                lockwright_core::keyspace::SetCondition::Xx => s.push_str(" XX"),
+                lockwright_core::keyspace::SetCondition::Always => {}
+            }
+            match expiry {
+                lockwright_core::keyspace::SetExpiry::Px(ms) => {
+                    let _ = write!(s, " PX {ms}");
+                }
+                lockwright_core::keyspace::SetExpiry::PxAt(ms) => {
+                    let _ = write!(s, " PXAT {ms}");
+                }
+                lockwright_core::keyspace::SetExpiry::None => {}
+            }
+            if *get {
+                s.push_str(" GET");
+            }
+            s
+        }
+        Command::SetNx { key, value } => format!("SETNX {key} {value}"),
+        Command::Get { key } => format!("GET {key}"),
+        Command::GetSet { key, value } => format!("GETSET {key} {value}"),
+        Command::Del { keys } => format!("DEL {}", keys.join(" ")),
+        Command::Expire { key, seconds } => format!("EXPIRE {key} {seconds}"),
+        Command::PExpire { key, millis } => format!("PEXPIRE {key} {millis}"),
+        Command::Ttl { key } => format!("TTL {key}"),
+        Command::Watch { keys } => format!("WATCH {}", keys.join(" ")),
+        Command::Transaction(cmds) => format!(
+            "MULTI; {}; EXEC",
+            cmds.iter().map(command_text).collect::<Vec<_>>().join("; ")
+        ),
+        Command::Eval { script, keys, args } => {
+            format!(
+                "EVALSHA <{}> {} {}",
+                script.name(),
+                keys.join(" "),
+                args.join(" ")
+            )
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// A short rendering of a reply.
+pub fn reply_text(r: &Reply) -> String {
+    match r {
+        Reply::Nil => "nil".to_owned(),
+        Reply::Status(s) => s.clone(),
+        Reply::Int(n) => format!("(integer) {n}"),
+        Reply::Bulk(s) => format!("{s:?}"),
+        Reply::Array(items) => format!(
+            "[{}]",
+            items.iter().map(reply_text).collect::<Vec<_>>().join(", ")
+        ),
+        Reply::Error(e) => format!("(error) {e}"),
+    }
+}
