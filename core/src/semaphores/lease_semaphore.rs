@@ -1,0 +1,158 @@
+//! `lease-semaphore` (beyond the sources): one atomic script per operation,
+//! expiry judged by the server's clock, fenced permits, renewal.
+//!
+//! Three keys share the `{name}` tag: `{name}:permits` (a zset: token →
+//! deadline on the server clock), `{name}:fence` (a counter) and
+//! `{name}:limit` (the limit; stored by the first acquire from its
+//! `ARGV[3]`, changed with [`set_limit_command`]).
+//!
+//! - acquire: [`Script::LeaseAcquire`] reads the server `TIME`, drops
+//!   permits whose deadline passed, and when fewer than the limit remain
+//!   adds ours with deadline `now + ttl` and returns a fresh fence;
+//! - release: [`Script::LeaseRelease`], `ZREM` of our own token only;
+//! - renew: [`Script::LeaseRenew`] moves our own deadline to `now + ttl`
+//!   when the permit is still there (1), else 0 → [`Event::Lost`](crate::Event::Lost).
+//!
+//! Client clocks decide nothing on the server, so skew cannot evict a live
+//! holder; a crashed holder's permit comes back after the TTL. The client's
+//! own validity is `sent_at + ttl − drift`, which ends before the server
+//! deadline. With `config.auto_renew` the machine renews at a third of the
+//! TTL. Because the limit lives on the server and the script counts the
+//! permits that remain, lowering it never admits more than the new limit
+//! (holders above it keep their permits until they leave).
+
+use super::{engine_protocol, unexpected, Engine, EngineConfig, Next, Op, Recipe};
+use crate::config::{Config, ConfigError, MAX_LIMIT};
+use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
+use crate::protocol::{Fence, Token};
+use crate::time::Millis;
+
+/// The permits zset of the semaphore `config.name`.
+pub fn permits_key(config: &Config) -> String {
+    config.key_with("permits")
+}
+
+/// The limit key of the semaphore `config.name`.
+pub fn limit_key(config: &Config) -> String {
+    config.key_with("limit")
+}
+
+/// `SET {name}:limit limit`: change the limit on the server. Zero and
+/// limits above [`MAX_LIMIT`] are refused.
+pub fn set_limit_command(config: &Config, limit: u32) -> Result<Command, ConfigError> {
+    if limit == 0 {
+        return Err(ConfigError::ZeroLimit);
+    }
+    if limit > MAX_LIMIT {
+        return Err(ConfigError::LimitTooLarge {
+            limit,
+            max: MAX_LIMIT,
+        });
+    }
+    Ok(Command::Set {
+        key: limit_key(config),
+        value: limit.to_string(),
+        condition: SetCondition::Always,
+        expiry: SetExpiry::None,
+        get: false,
+    })
+}
+
+/// Where a `lease-semaphore` request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Step {
+    Acquire,
+    Release,
+    Renew,
+}
+
+/// The scripts of `lease-semaphore`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LeaseRecipe {
+    permits: String,
+    fence: String,
+    limit_key: String,
+    token: String,
+    ttl_ms: String,
+    limit: String,
+}
+
+impl Recipe for LeaseRecipe {
+    type Step = Step;
+
+    fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
+        match op {
+            Op::Acquire => (
+                Command::Eval {
+                    script: Script::LeaseAcquire,
+                    keys: vec![
+                        self.permits.clone(),
+                        self.fence.clone(),
+                        self.limit_key.clone(),
+                    ],
+                    args: vec![self.token.clone(), self.ttl_ms.clone(), self.limit.clone()],
+                },
+                Step::Acquire,
+            ),
+            Op::Release => (
+                Command::Eval {
+                    script: Script::LeaseRelease,
+                    keys: vec![self.permits.clone()],
+                    args: vec![self.token.clone()],
+                },
+                Step::Release,
+            ),
+            Op::Extend => (
+                Command::Eval {
+                    script: Script::LeaseRenew,
+                    keys: vec![self.permits.clone()],
+                    args: vec![self.token.clone(), self.ttl_ms.clone()],
+                },
+                Step::Renew,
+            ),
+        }
+    }
+
+    fn advance(&self, _op: Op, step: Step, reply: Reply, _now: Millis) -> Next<Step> {
+        match (step, reply) {
+            (Step::Acquire, Reply::Int(fence)) if fence > 0 => {
+                Next::Granted(Some(Fence(fence.unsigned_abs())))
+            }
+            (Step::Acquire, Reply::Nil) => Next::NotGranted,
+            (Step::Acquire, reply) => unexpected("lease-acquire", reply),
+            (Step::Release, Reply::Int(n)) => Next::Done { ours: n > 0 },
+            (Step::Release, reply) => unexpected("lease-release", reply),
+            (Step::Renew, Reply::Int(n @ (0 | 1))) => Next::Done { ours: n == 1 },
+            (Step::Renew, reply) => unexpected("lease-renew", reply),
+        }
+    }
+}
+
+/// The `lease-semaphore` machine.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseSemaphore(Engine<LeaseRecipe>);
+
+impl LeaseSemaphore {
+    /// A semaphore of `config.limit` permits (unless the server already has
+    /// a limit) on `{name}:permits`, for the owner `token`, renewed
+    /// automatically at a third of the TTL when `config.auto_renew`.
+    pub fn new(config: &Config, token: Token) -> Result<LeaseSemaphore, ConfigError> {
+        config.validate_semaphore("lease-semaphore")?;
+        if token.0.is_empty() {
+            return Err(ConfigError::EmptyToken);
+        }
+        let recipe = LeaseRecipe {
+            permits: permits_key(config),
+            fence: config.key_with("fence"),
+            limit_key: limit_key(config),
+            token: token.0.clone(),
+            ttl_ms: config.ttl_ms.to_string(),
+            limit: config.limit.to_string(),
+        };
+        let mut engine = EngineConfig::from(config, token);
+        engine.auto_renew = config.auto_renew;
+        Ok(LeaseSemaphore(Engine::new(recipe, engine)))
+    }
+}
+
+engine_protocol!(LeaseSemaphore);
