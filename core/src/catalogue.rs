@@ -298,6 +298,11 @@ macro_rules! machines {
 // `fn new(&Config, Token) -> Result<Self, ConfigError>` and implements `Protocol`).
 machines! {
     SetPxLua => crate::locks::set_px_lua::SetPxLua,
+    ZsetSemaphore => crate::semaphores::zset_semaphore::ZsetSemaphore,
+    FairSemaphore => crate::semaphores::fair_semaphore::FairSemaphore,
+    FairSemaphoreLocked => crate::semaphores::fair_semaphore_locked::FairSemaphoreLocked,
+    WatchSemaphore => crate::semaphores::watch_semaphore::WatchSemaphore,
+    LeaseSemaphore => crate::semaphores::lease_semaphore::LeaseSemaphore,
     SetnxDel => crate::locks::setnx_del::SetnxDel,
     SetnxExpire => crate::locks::setnx_expire::SetnxExpire,
     SetnxGetset => crate::locks::setnx_getset::SetnxGetset,

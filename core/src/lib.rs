@@ -60,7 +60,9 @@ pub mod config;
 pub mod keyspace;
 pub mod locks;
 pub mod protocol;
+pub mod semaphores;
 pub mod sim;
+pub mod stampede;
 pub mod time;
 
 pub use catalogue::{catalogue, CatalogueEntry, Kind, Machine, ProtocolId};
