@@ -1,0 +1,265 @@
+//! Every lock protocol of the catalogue that the core provides, against real
+//! Redis: it acquires, excludes, releases, extends and expires.
+
+use lockwright_core::{catalogue, Kind, ProtocolId};
+use lockwright_redis::{Error, Lock, LockOptions};
+use lockwright_tests::{raw, redis_or_skip, RedisServer};
+use std::time::Duration;
+
+fn servers_for(protocol: ProtocolId) -> Option<Vec<RedisServer>> {
+    let n = if protocol == ProtocolId::Redlock {
+        3
+    } else {
+        1
+    };
+    (0..n).map(|_| redis_or_skip(protocol.as_str())).collect()
+}
+
+fn options(protocol: ProtocolId, ttl_ms: u64) -> LockOptions {
+    LockOptions {
+        auto_renew: false,
+        request_timeout: Duration::from_millis(500),
+        ..LockOptions::new(protocol, Duration::from_millis(ttl_ms))
+    }
+}
+
+/// The protocols whose hold has no TTL (it never expires on its own).
+fn has_ttl(protocol: ProtocolId) -> bool {
+    protocol != ProtocolId::SetnxDel
+}
+
+/// A lock, or `None` (with a loud message) when the core does not have the
+/// protocol's machine yet.
+fn lock_or_skip(servers: &[&RedisServer], name: &str, options: LockOptions) -> Option<Lock> {
+    let protocol = options.protocol;
+    let clients: Vec<_> = servers.iter().map(|s| s.client()).collect();
+    match Lock::new(clients, name, options) {
+        Err(Error::Unsupported(_)) => {
+            eprintln!("*** SKIPPED {protocol}: its machine is not in lockwright-core yet ***");
+            None
+        }
+        other => Some(other.unwrap_or_else(|e| panic!("{protocol}: {e}"))),
+    }
+}
+
+async fn acquires_excludes_releases(protocol: ProtocolId, servers: &[RedisServer]) -> bool {
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    let Some(lock) = lock_or_skip(&all, "orders", options(protocol, 2_000)) else {
+        return false;
+    };
+    let guard = lock
+        .try_acquire()
+        .await
+        .unwrap_or_else(|e| panic!("{protocol}: {e}"))
+        .unwrap_or_else(|| panic!("{protocol}: a free lock is granted"));
+    assert!(guard.is_held(), "{protocol}");
+    assert!(
+        guard.remaining() > Duration::from_millis(1_000),
+        "{protocol}"
+    );
+
+    // Excludes: a second owner is denied, also when it retries for a while.
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "{protocol}: excluded"
+    );
+    assert_eq!(
+        lock.acquire_timeout(Duration::from_millis(150))
+            .await
+            .map(|_| ()),
+        Err(Error::Timeout),
+        "{protocol}"
+    );
+
+    // The key the core uses holds something while held.
+    let mut conn = servers[0].conn().await;
+    let exists: i64 = raw(&mut conn, redis::cmd("EXISTS").arg("{orders}")).await;
+    assert_eq!(exists, 1, "{protocol}: the lock key exists");
+
+    // Releases: ours is removed, and the lock is free again.
+    assert_eq!(guard.release().await, Ok(true), "{protocol}");
+    let again = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{protocol}: free again after release"));
+    assert_eq!(again.release().await, Ok(true), "{protocol}");
+    true
+}
+
+async fn extends(protocol: ProtocolId, servers: &[RedisServer]) {
+    if !has_ttl(protocol) {
+        return;
+    }
+    let clients: Vec<_> = servers.iter().map(RedisServer::client).collect();
+    let Ok(lock) = Lock::new(clients, "extended", options(protocol, 600)) else {
+        return;
+    };
+    let mut guard = lock.try_acquire().await.unwrap().expect("granted");
+    let first = guard.valid_until();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    guard
+        .extend()
+        .await
+        .unwrap_or_else(|e| panic!("{protocol}: extend: {e}"));
+    assert!(
+        guard.valid_until() >= first + Duration::from_millis(250),
+        "{protocol}: extend moves validity forward"
+    );
+    // Past the first TTL the lock is still held and still excludes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(guard.is_held(), "{protocol}: held past the first TTL");
+    assert!(lock.try_acquire().await.unwrap().is_none(), "{protocol}");
+    assert_eq!(guard.release().await, Ok(true), "{protocol}");
+}
+
+async fn expires(protocol: ProtocolId, servers: &[RedisServer]) {
+    if !has_ttl(protocol) {
+        return;
+    }
+    let clients: Vec<_> = servers.iter().map(RedisServer::client).collect();
+    let Ok(lock) = Lock::new(clients, "expiring", options(protocol, 300)) else {
+        return;
+    };
+    let stale = lock.try_acquire().await.unwrap().expect("granted");
+    // Without renewal, the core reports the hold lost when validity runs out.
+    tokio::time::timeout(Duration::from_millis(1_000), stale.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{protocol}: lost() fires when the lease runs out"));
+    assert!(stale.is_lost(), "{protocol}");
+    // Once Redis expired the key, another owner gets it while the stale
+    // guard still exists.
+    let next = lock
+        .acquire_timeout(Duration::from_millis(1_000))
+        .await
+        .unwrap_or_else(|e| panic!("{protocol}: expired lock is free: {e}"));
+    // The stale release removes nothing of the new owner's.
+    assert_eq!(stale.release().await, Ok(false), "{protocol}");
+    assert!(next.is_held(), "{protocol}");
+    assert!(lock.try_acquire().await.unwrap().is_none(), "{protocol}");
+    assert_eq!(next.release().await, Ok(true), "{protocol}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lock_acquires_excludes_releases_extends_and_expires() {
+    let mut exercised = Vec::new();
+    for entry in catalogue().iter().filter(|e| e.kind == Kind::Lock) {
+        let Some(servers) = servers_for(entry.id) else {
+            return;
+        };
+        if acquires_excludes_releases(entry.id, &servers).await {
+            extends(entry.id, &servers).await;
+            expires(entry.id, &servers).await;
+            exercised.push(entry.id.as_str());
+        }
+    }
+    eprintln!("exercised: {exercised:?}");
+    assert!(exercised.contains(&"set-px-lua"), "{exercised:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_issues_increasing_fences_and_renews_automatically() {
+    let Some(redis) = redis_or_skip("fenced") else {
+        return;
+    };
+    let opts = LockOptions {
+        auto_renew: true,
+        ..options(ProtocolId::Fenced, 300)
+    };
+    let Some(lock) = lock_or_skip(&[&redis], "fenced", opts) else {
+        return;
+    };
+    let a = lock.try_acquire().await.unwrap().expect("granted");
+    let fa = a.fence().expect("fenced issues a fence");
+    // Renewal at TTL/3 keeps it held well past the TTL.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(a.is_held(), "renewed past its TTL");
+    assert!(!a.is_lost());
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    assert_eq!(a.release().await, Ok(true));
+    let b = lock.try_acquire().await.unwrap().expect("granted");
+    assert!(b.fence().expect("fence") > fa, "fences increase");
+    assert_eq!(b.release().await, Ok(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_renewal_finds_the_key_taken() {
+    let Some(redis) = redis_or_skip("lost") else {
+        return;
+    };
+    let opts = LockOptions {
+        auto_renew: true,
+        ..options(ProtocolId::Fenced, 600)
+    };
+    let Some(lock) = lock_or_skip(&[&redis], "stolen", opts) else {
+        return;
+    };
+    let guard = lock.try_acquire().await.unwrap().expect("granted");
+    let mut conn = redis.conn().await;
+    // Someone else overwrites the key (an operator, a buggy client).
+    let _: () = raw(
+        &mut conn,
+        redis::cmd("SET")
+            .arg("{stolen}")
+            .arg("intruder")
+            .arg("PX")
+            .arg(60_000),
+    )
+    .await;
+    tokio::time::timeout(Duration::from_millis(1_000), guard.lost())
+        .await
+        .expect("the next renewal finds the key taken and reports the loss");
+    assert!(guard.is_lost());
+    assert_eq!(guard.release().await, Ok(false));
+    let value: String = raw(&mut conn, redis::cmd("GET").arg("{stolen}")).await;
+    assert_eq!(value, "intruder", "the loser never touches the new value");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_guard_releases_in_the_background() {
+    let Some(redis) = redis_or_skip("drop") else {
+        return;
+    };
+    let lock = Lock::new(
+        [redis.client()],
+        "dropped",
+        options(ProtocolId::SetPxLua, 60_000),
+    )
+    .unwrap();
+    let guard = lock.try_acquire().await.unwrap().expect("granted");
+    drop(guard);
+    // Far before the 60 s TTL, the lock is free again.
+    let next = lock
+        .acquire_timeout(Duration::from_millis(1_000))
+        .await
+        .expect("the dropped guard's release ran");
+    assert_eq!(next.release().await, Ok(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_gets_the_lock_after_release() {
+    let Some(redis) = redis_or_skip("wait") else {
+        return;
+    };
+    let lock = Lock::new(
+        [redis.client()],
+        "queue",
+        options(ProtocolId::SetPxLua, 10_000),
+    )
+    .unwrap();
+    let holder = lock.try_acquire().await.unwrap().expect("granted");
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "excluded while held");
+    assert_eq!(holder.release().await, Ok(true));
+    let got = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter gets the lock soon after the release")
+        .expect("task")
+        .expect("acquired");
+    assert!(got.is_held());
+    assert_eq!(got.release().await, Ok(true));
+}
