@@ -1,4 +1,236 @@
 //! # lockwright-chaos
 //!
 //! Testcontainers scenarios that inject the model's faults into real Redis
-//! masters and check that reality agrees with the verdict matrix.
+//! masters and check that reality agrees with the verdict matrix. This crate
+//! holds the infrastructure: the containers, the faults, and the environment
+//! check; the scenarios build on it.
+//!
+//! ## The image
+//!
+//! `lockwright/redis-faketime:7` is built locally, once per machine, by
+//! `.ci/build-redis-image.sh` (about 40 s the first time, nothing after;
+//! `FORCE=1` rebuilds). No registry is involved and the image is never pulled.
+//! It is `FROM scratch` and holds only `redis-server` compiled from Debian's
+//! source package with `MALLOC=libc` (Debian's binary links jemalloc, which
+//! hangs under libfaketime), libc, libm, ld-linux and libfaketime.
+//!
+//! ## Nodes and faults
+//!
+//! [`Cluster::start`] starts `n` masters on two fresh networks: the clients'
+//! network, through which a fixed host port on 127.0.0.1 is published, and a
+//! peer network for replication. Each [`RedisNode`] runs
+//! `redis-server --save '' --appendonly no` (or `--appendonly yes
+//! --appendfsync always` with [`Persistence::AofFsyncAlways`]) under
+//! `LD_PRELOAD=libfaketime.so.1`, `FAKETIME_NO_CACHE=1` and
+//! `FAKETIME_TIMESTAMP_FILE` in a bind-mounted host directory holding the
+//! node's offset (`+0.000`, the real time, to begin with).
+//!
+//! | fault | call | effect |
+//! |---|---|---|
+//! | kill | [`RedisNode::kill`] | SIGKILL; [`RedisNode::restart`] brings it back empty, or with its AOF |
+//! | partition | [`RedisNode::partition`] / [`RedisNode::heal`] | disconnects the clients' network: connecting fails |
+//! | replication cut | [`RedisNode::isolate_from_peers`] / [`RedisNode::rejoin_peers`] | clients still reach the node |
+//! | pause | [`RedisNode::pause`] / [`RedisNode::unpause`] | `docker pause`: nothing is answered |
+//! | clock jump | [`RedisNode::jump_clock`] | the node's clocks jump by `ms` at once; keys expire early |
+//! | failover | [`RedisNode::replicate_from`], [`RedisNode::promote`] | `REPLICAOF`, `REPLICAOF NO ONE` |
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lockwright_chaos::ChaosError> {
+//! use lockwright_chaos::{Cluster, NodeOptions};
+//! let mut cluster = Cluster::start(5, &NodeOptions::default()).await?;
+//! let urls = cluster.urls(); // redis://127.0.0.1:<port>/ each
+//! cluster.node_mut(0).jump_clock(10_000)?; // node 0 is now 10 s ahead
+//! cluster.node(1).partition().await?;
+//! cluster.node(1).heal().await?;
+//! # let _ = urls; Ok(()) }
+//! ```
+//!
+//! ## Running the tests
+//!
+//! `cargo test -p lockwright-chaos` needs Docker and the image. Without them
+//! each test prints `SKIPPED: <reason>` and passes, unless the environment
+//! variable `CI` is set: then a missing Docker or image is a failure
+//! ([`check_environment`]).
+//!
+//! testcontainers 0.28 speaks Docker API 1.53 and does not negotiate; with
+//! an older daemon (Docker 20.10 stops at 1.41) the crate routes it through
+//! a small local shim ([`api_shim`]). Faults that testcontainers has no call
+//! for use the docker CLI, which negotiates by itself.
+
+pub mod api_shim;
+mod clock;
+mod docker;
+mod node;
+
+use std::time::Duration;
+
+pub use clock::FakeClock;
+pub use node::{
+    default_image, NodeOptions, Persistence, RedisNode, FAKETIME_DIR, IMAGE_NAME, IMAGE_TAG,
+    LIBFAKETIME, REDIS_PORT,
+};
+
+/// Everything that can go wrong while setting up or faulting containers.
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosError {
+    /// Docker or the image is missing where it is required (`CI` is set).
+    #[error("chaos environment unavailable: {0}")]
+    Unavailable(String),
+    /// The local image does not exist; it is never pulled.
+    #[error("image {0} is not present locally; build it with .ci/build-redis-image.sh")]
+    ImageMissing(String),
+    /// A docker CLI call failed.
+    #[error("docker {args}: {message}")]
+    DockerCli {
+        /// The arguments given to `docker`.
+        args: String,
+        /// Its error output.
+        message: String,
+    },
+    /// The Docker API shim could not start.
+    #[error("docker API shim: {0}")]
+    ApiShim(String),
+    /// testcontainers failed.
+    #[error("testcontainers: {0}")]
+    Testcontainers(#[from] testcontainers::TestcontainersError),
+    /// The redis client failed (includes timeouts of partitioned nodes).
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Local file or socket I/O failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// Something did not happen in time.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long.
+        after: Duration,
+    },
+    /// A reply that the infrastructure did not expect.
+    #[error("unexpected reply: {0}")]
+    UnexpectedReply(String),
+}
+
+/// Whether chaos tests can run here.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Availability {
+    /// Docker answers and the image exists.
+    Ready,
+    /// Outside CI: the tests should skip, for this reason (already printed).
+    Skip(String),
+}
+
+/// Checks Docker and the default image, and starts the API shim if needed.
+///
+/// Outside CI a missing piece gives [`Availability::Skip`] after printing
+/// `SKIPPED: <reason>` to stderr; with the environment variable `CI` set it
+/// is an error, so that CI never passes by skipping.
+pub fn check_environment() -> Result<Availability, ChaosError> {
+    let reason = match docker::unavailable_reason(&default_image()) {
+        None => match api_shim::ensure() {
+            Ok(_) => return Ok(Availability::Ready),
+            Err(error) => error.to_string(),
+        },
+        Some(reason) => reason,
+    };
+    if std::env::var_os("CI").is_some() {
+        return Err(ChaosError::Unavailable(reason));
+    }
+    eprintln!("\n*** SKIPPED: {reason} ***\n");
+    Ok(Availability::Skip(reason))
+}
+
+/// `n` Redis masters on two networks of their own (clients, peers).
+///
+/// Dropping the cluster removes its containers and networks.
+#[derive(Debug)]
+pub struct Cluster {
+    nodes: Vec<RedisNode>,
+    network: String,
+    peer_network: String,
+}
+
+impl Cluster {
+    /// Starts `n` nodes with the same options, one after the other.
+    pub async fn start(n: usize, options: &NodeOptions) -> Result<Self, ChaosError> {
+        api_shim::ensure()?;
+        let network = node::unique_name("lockwright-chaos");
+        let peer_network = format!("{network}-peers");
+        docker::docker(&[
+            "network",
+            "create",
+            "--label",
+            "org.lockwright.chaos=peers",
+            &peer_network,
+        ])
+        .await?;
+        let mut cluster = Self {
+            nodes: Vec::with_capacity(n),
+            network,
+            peer_network,
+        };
+        for index in 0..n {
+            let name = format!("{}-{index}", cluster.network);
+            let node =
+                RedisNode::start(&name, &cluster.network, &cluster.peer_network, options).await?;
+            cluster.nodes.push(node);
+        }
+        Ok(cluster)
+    }
+
+    /// A master and a replica of it (node 0 and node 1), synced.
+    pub async fn start_replicated(options: &NodeOptions) -> Result<Self, ChaosError> {
+        let cluster = Self::start(2, options).await?;
+        cluster.nodes[1].replicate_from(&cluster.nodes[0]).await?;
+        Ok(cluster)
+    }
+
+    /// All nodes, in start order.
+    pub fn nodes(&self) -> &[RedisNode] {
+        &self.nodes
+    }
+
+    /// Node `index`.
+    ///
+    /// # Panics
+    /// When `index` is out of range (a bug in the test, not a fault).
+    pub fn node(&self, index: usize) -> &RedisNode {
+        &self.nodes[index]
+    }
+
+    /// Node `index`, mutably (clock jumps).
+    ///
+    /// # Panics
+    /// When `index` is out of range.
+    pub fn node_mut(&mut self, index: usize) -> &mut RedisNode {
+        &mut self.nodes[index]
+    }
+
+    /// The nodes' URLs, in start order.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisNode::url).collect()
+    }
+
+    /// The clients' network name.
+    pub fn network(&self) -> &str {
+        &self.network
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // The peer network is ours; the clients' network and the containers
+        // belong to testcontainers, which removes them when the nodes drop.
+        for node in &self.nodes {
+            let _ = docker::docker_blocking(&[
+                "network",
+                "disconnect",
+                "--force",
+                &self.peer_network,
+                node.name(),
+            ]);
+        }
+        let _ = docker::docker_blocking(&["network", "rm", &self.peer_network]);
+    }
+}
