@@ -307,6 +307,7 @@ machines! {
     SetnxExpire => crate::locks::setnx_expire::SetnxExpire,
     SetnxGetset => crate::locks::setnx_getset::SetnxGetset,
     Reentrant => crate::locks::reentrant::Reentrant,
+    Redlock => crate::locks::redlock::Redlock,
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 pub(crate) mod lease_lock;
 
 pub mod fenced;
+pub mod redlock;
 pub mod reentrant;
 pub mod set_px_get_del;
 pub mod set_px_lua;
