@@ -1089,6 +1089,9 @@ fn drop_connection_forgets_watch_and_multi() {
     assert_eq!(n.on(B, Command::Exec), err("ERR EXEC without MULTI"));
     n.ks.drop_connections();
     n.on(B, set("k", "v"));
+    // A was watching when its connection was reset: its next EXEC reports the
+    // transaction aborted rather than running it unwatched.
+    assert_eq!(n.run(Command::Transaction(vec![])), Reply::Nil);
     assert_eq!(n.run(Command::Transaction(vec![])), Reply::Array(vec![]));
 }
 
@@ -1596,4 +1599,24 @@ proptest! {
         ks.purge_expired(Millis(1_000));
         prop_assert_eq!(ks, Keyspace::new());
     }
+}
+
+#[test]
+fn a_watch_lost_to_a_restart_aborts_the_next_exec_instead_of_running_unwatched() {
+    let mut ks = Keyspace::new();
+    let (a, b) = (ConnId(1), ConnId(2));
+    let t = Millis(0);
+    ks.execute(b, t, &set("k", "mine"));
+    assert_eq!(ks.execute(a, t, &watch(&["k"])), status("OK"));
+    ks.restart();
+    ks.execute(b, t, &set("k", "theirs"));
+    let tx = Command::Transaction(vec![del(&["k"])]);
+    assert_eq!(ks.execute(a, t, &tx), Reply::Nil, "the lost WATCH must abort");
+    assert_eq!(ks.execute(a, t, &get("k")), bulk("theirs"));
+    // The abort ends the transaction: the connection is clean again.
+    assert_eq!(ks.execute(a, t, &tx), Reply::Array(vec![Reply::Int(1)]));
+    // A connection that was not watching is unaffected.
+    ks.execute(b, t, &set("k", "x"));
+    ks.drop_connections();
+    assert_eq!(ks.execute(b, t, &tx), Reply::Array(vec![Reply::Int(1)]));
 }

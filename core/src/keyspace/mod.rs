@@ -408,9 +408,11 @@ impl Keyspace {
 // Mutators for models and tests.
 impl Keyspace {
     /// The node restarted without persistence: every key and every
-    /// connection's state is lost.
+    /// connection's state is lost (see [`Keyspace::drop_connections`] for
+    /// what a watching connection sees next).
     pub fn restart(&mut self) {
-        *self = Keyspace::default();
+        self.entries.clear();
+        self.drop_connections();
     }
 
     /// Forget one connection's `WATCH` and `MULTI` state (it disconnected).
@@ -418,9 +420,28 @@ impl Keyspace {
         self.sessions.remove(&conn);
     }
 
-    /// Forget every connection's `WATCH` and `MULTI` state.
+    /// Every connection is reset (the node restarted or failed over): its
+    /// `WATCH` and `MULTI` state is lost. A connection that was watching keys
+    /// answers its next `EXEC` with nil: a driver that loses a watching
+    /// connection must report the transaction as aborted, never replay it
+    /// unwatched on a new connection (redis-py raises `WatchError` there).
     pub fn drop_connections(&mut self) {
+        let watching: Vec<ConnId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.watched.is_empty() || s.dirty)
+            .map(|(c, _)| *c)
+            .collect();
         self.sessions.clear();
+        for conn in watching {
+            self.sessions.insert(
+                conn,
+                Session {
+                    dirty: true,
+                    ..Session::default()
+                },
+            );
+        }
     }
 
     /// Physically delete every key expired at `now`, as Redis' active expiry
