@@ -309,7 +309,7 @@ impl Reentrant {
 
     fn on_unlock_reply(&mut self, now: Millis, sent_at: Millis, outcome: Outcome) {
         self.op = Op::Idle;
-        let (deleted_or_kept, was_held) = match outcome {
+        let (deleted, was_held) = match outcome {
             Outcome::Reply(Reply::Nil) => {
                 self.drop_hold();
                 self.out.emit(Event::Released { was_held: false });
@@ -328,7 +328,7 @@ impl Reentrant {
         };
         let count = self.hold_count().saturating_sub(1);
         match &mut self.hold {
-            Some(hold) if !deleted_or_kept && count > 0 => {
+            Some(hold) if !deleted && count > 0 => {
                 hold.count = count;
                 self.rearm_after_release(now, sent_at);
             }

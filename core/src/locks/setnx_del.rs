@@ -31,7 +31,7 @@
 //! [`Event::Extended`] with the same lease at once.
 //!
 //! The `WATCH` sequence and the retry delay are shared with `setnx-expire`
-//! (see [`watch_begin`], [`watch_step`] and [`retry_at`]).
+//! (the crate-private `watch_begin`, `watch_step` and `retry_at` below).
 
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
