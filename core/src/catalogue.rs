@@ -298,6 +298,9 @@ macro_rules! machines {
 // `fn new(&Config, Token) -> Result<Self, ConfigError>` and implements `Protocol`).
 machines! {
     SetPxLua => crate::locks::set_px_lua::SetPxLua,
+    SetPxGetDel => crate::locks::set_px_get_del::SetPxGetDel,
+    SetPxWatch => crate::locks::set_px_watch::SetPxWatch,
+    Fenced => crate::locks::fenced::FencedLock,
     ZsetSemaphore => crate::semaphores::zset_semaphore::ZsetSemaphore,
     FairSemaphore => crate::semaphores::fair_semaphore::FairSemaphore,
     FairSemaphoreLocked => crate::semaphores::fair_semaphore_locked::FairSemaphoreLocked,

@@ -2,6 +2,7 @@
 //! deterministic simulator (`lockwright_core::sim`), and properties of the
 //! simulator itself.
 
+use lockwright_core::keyspace::Command;
 use lockwright_core::sim::{
     ClientId, ClockSpec, Drop, Fault, History, Sim, SimConfig, What, Workload,
 };
@@ -195,16 +196,34 @@ fn set_px_get_del_can_delete_its_successors_lock() {
     for entry in &history.entries[from..=to] {
         println!("{entry}");
     }
-    // The deleted holder is still inside when the deletion happens.
-    let victim_inside = history
-        .holds()
+    // The deleted key was the victim's: its last command on the node before
+    // the deletion was a granted `SET NX`.
+    let victims_last = history.entries[..to]
         .iter()
-        .any(|h| h.client == *owner && h.from <= deletion.at && deletion.at < h.to);
+        .rev()
+        .find(|e| e.client == Some(*owner) && matches!(e.what, What::Executed { .. }))
+        .map(|e| &e.what);
     assert!(
-        victim_inside,
-        "the victim {owner} should still be inside at {}",
-        deletion.at
+        matches!(
+            victims_last,
+            Some(What::Executed { command: Command::Set { .. }, reply, .. }) if reply.is_ok()
+        ),
+        "{owner}'s last command before the deletion: {victims_last:?}"
     );
+}
+
+#[test]
+fn set_px_get_del_successor_deletion_lets_two_holders_in() {
+    let found = (0..200).find_map(|seed| {
+        let history = straddling_expiry(ProtocolId::SetPxGetDel, seed);
+        let both =
+            !history.successor_deletions().is_empty() && history.max_concurrent_holders() >= 2;
+        both.then_some((seed, history))
+    });
+    let Some((seed, history)) = found else {
+        panic!("no schedule among 200 seeds where a deleted successor overlaps another holder");
+    };
+    println!("set-px-get-del: seed {seed}: holds {:?}", history.holds());
 }
 
 #[test]
@@ -440,4 +459,3 @@ fn bad_simulator_configurations_are_typed_errors() {
     bad.config.ttl_ms = 0;
     assert!(matches!(err(bad), Some(SimError::Config(_))));
 }
-
