@@ -11,8 +11,8 @@
 //!    operation waiting for it (or to the lease cell: renewals, loss);
 //! 3. re-arm its one timer at the machine's next deadline.
 //!
-//! Every call passes the *current* time of the driver's own monotonic clock
-//! (milliseconds since the driver's origin instant), never the deadline.
+//! Every call passes the *current* time of the process' monotonic clock
+//! (see the `clock` module), never the deadline it woke up for.
 //!
 //! One worker task per node owns that node's connection. The connection is
 //! dedicated to this machine (never shared with another lock), because WATCH
@@ -26,6 +26,7 @@
 //! any hold it got (best effort) and stops. If even that cannot happen (the
 //! runtime shuts down, the process dies), the hold ends with its TTL.
 
+use crate::clock::clock;
 use crate::lease_cell::LeaseCell;
 use crate::{wire, Error};
 use lockwright_core::{
@@ -83,8 +84,6 @@ enum Pending {
 pub(crate) struct DriverHandle {
     pub(crate) ops: mpsc::UnboundedSender<Op>,
     pub(crate) lost: watch::Receiver<bool>,
-    /// The instant the driver's clock counts from.
-    pub(crate) origin: Instant,
 }
 
 /// Per-node settings of the workers.
@@ -100,7 +99,6 @@ pub(crate) fn spawn(
     settings: NodeSettings,
     span: tracing::Span,
 ) -> DriverHandle {
-    let origin = Instant::now();
     let (ops_tx, ops_rx) = mpsc::unbounded_channel();
     let (replies_tx, replies_rx) = mpsc::unbounded_channel();
     let (lost_tx, lost_rx) = watch::channel(false);
@@ -116,7 +114,6 @@ pub(crate) fn spawn(
         .collect();
     let driver = Driver {
         machine,
-        origin,
         nodes,
         replies: replies_rx,
         ops: ops_rx,
@@ -132,13 +129,11 @@ pub(crate) fn spawn(
     DriverHandle {
         ops: ops_tx,
         lost: lost_rx,
-        origin,
     }
 }
 
 struct Driver {
     machine: Machine,
-    origin: Instant,
     nodes: Vec<mpsc::UnboundedSender<Request>>,
     replies: mpsc::UnboundedReceiver<(RequestId, Outcome, Option<String>)>,
     ops: mpsc::UnboundedReceiver<Op>,
@@ -156,15 +151,15 @@ struct Driver {
 
 impl Driver {
     fn now(&self) -> Millis {
-        Millis(u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX))
+        clock().now()
     }
 
     fn instant_of(&self, at: Millis) -> Option<Instant> {
-        self.origin.checked_add(Duration::from_millis(at.0))
+        clock().instant_of(at).map(Instant::from_std)
     }
 
     async fn run(mut self) {
-        let sleep = tokio::time::sleep_until(self.origin);
+        let sleep = tokio::time::sleep_until(Instant::now());
         tokio::pin!(sleep);
         loop {
             self.drain();

@@ -47,6 +47,8 @@
 //! ```
 
 #[cfg(not(loom))]
+mod clock;
+#[cfg(not(loom))]
 mod driver;
 #[cfg(not(loom))]
 mod error;

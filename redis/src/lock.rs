@@ -1,5 +1,6 @@
 //! The async API: [`Lock`] and [`LockGuard`], [`Semaphore`] and [`Permit`].
 
+use crate::clock::clock;
 use crate::driver::{self, DriverHandle, How, NodeSettings, Op};
 use crate::lease_cell::{LeaseCell, Phase};
 use crate::token::{owner_token, seed};
@@ -361,13 +362,12 @@ impl LockGuard {
     /// When the hold stops being valid on this process' monotonic clock
     /// (moves forward with every renewal).
     pub fn valid_until(&self) -> Instant {
-        let ms = self.cell.snapshot().valid_until.get();
-        let origin = self.handle.origin.into_std();
-        origin
-            .checked_add(Duration::from_millis(ms))
+        let clock = clock();
+        clock
+            .instant_of(self.cell.snapshot().valid_until)
             // A TTL beyond what `Instant` can represent: far enough.
-            .or_else(|| origin.checked_add(Duration::from_secs(u64::from(u32::MAX))))
-            .unwrap_or(origin)
+            .or_else(|| Instant::now().checked_add(Duration::from_secs(u64::from(u32::MAX))))
+            .unwrap_or_else(Instant::now)
     }
 
     /// Time left until [`valid_until`](LockGuard::valid_until).

@@ -1,0 +1,215 @@
+//! Hostile inputs and server states: typed errors or correct fallbacks, never
+//! a panic.
+
+use lockwright_core::config::MAX_TTL_MS;
+use lockwright_core::{ConfigError, ProtocolId};
+use lockwright_redis::{Error, Lock, LockOptions};
+use lockwright_tests::{raw, redis_or_skip};
+use std::time::Duration;
+
+fn options(protocol: ProtocolId, ttl: Duration) -> LockOptions {
+    LockOptions {
+        auto_renew: false,
+        request_timeout: Duration::from_millis(500),
+        ..LockOptions::new(protocol, ttl)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_ttl_an_empty_name_and_a_brace_are_config_errors() {
+    let Some(redis) = redis_or_skip("config") else {
+        return;
+    };
+    let zero = Lock::new(
+        [redis.client()],
+        "a",
+        options(ProtocolId::SetPxLua, Duration::ZERO),
+    );
+    assert_eq!(zero.map(|_| ()), Err(Error::Config(ConfigError::ZeroTtl)));
+    let empty = Lock::new(
+        [redis.client()],
+        "",
+        options(ProtocolId::SetPxLua, Duration::from_secs(1)),
+    );
+    assert_eq!(
+        empty.map(|_| ()),
+        Err(Error::Config(ConfigError::EmptyName))
+    );
+    let brace = Lock::new(
+        [redis.client()],
+        "a}b",
+        options(ProtocolId::SetPxLua, Duration::from_secs(1)),
+    );
+    assert!(matches!(
+        brace,
+        Err(Error::Config(ConfigError::BraceInName(_)))
+    ));
+    let too_long = Lock::new(
+        [redis.client()],
+        "a",
+        options(ProtocolId::SetPxLua, Duration::from_millis(MAX_TTL_MS + 1)),
+    );
+    assert!(matches!(
+        too_long,
+        Err(Error::Config(ConfigError::TtlTooLarge { .. }))
+    ));
+    let two_nodes = Lock::new(
+        [redis.client(), redis.client()],
+        "a",
+        options(ProtocolId::SetPxLua, Duration::from_secs(1)),
+    );
+    assert!(matches!(
+        two_nodes,
+        Err(Error::Config(ConfigError::SingleNodeOnly { .. }))
+    ));
+    let huge = Lock::new(
+        [redis.client()],
+        "a",
+        options(ProtocolId::SetPxLua, Duration::MAX),
+    );
+    assert!(matches!(
+        huge,
+        Err(Error::Config(ConfigError::TtlTooLarge { .. }))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_ttl_works_end_to_end() {
+    let Some(redis) = redis_or_skip("huge ttl") else {
+        return;
+    };
+    for protocol in [ProtocolId::SetPxLua, ProtocolId::Fenced] {
+        let lock = Lock::new(
+            [redis.client()],
+            "forever",
+            options(protocol, Duration::from_millis(MAX_TTL_MS)),
+        )
+        .unwrap();
+        let mut guard = lock.try_acquire().await.unwrap().expect("granted");
+        assert!(
+            guard.remaining() > Duration::from_secs(86_400 * 365),
+            "{protocol}"
+        );
+        let mut conn = redis.conn().await;
+        let pttl: i64 = raw(&mut conn, redis::cmd("PTTL").arg("{forever}")).await;
+        assert!(pttl > 1 << 52, "{protocol}: PTTL {pttl}");
+        guard.extend().await.unwrap();
+        assert_eq!(guard.release().await, Ok(true), "{protocol}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrongtype_lock_key_gives_typed_errors_not_panics() {
+    let Some(redis) = redis_or_skip("wrongtype") else {
+        return;
+    };
+    let mut conn = redis.conn().await;
+    // A hash already sits under the lock key: SET NX does not touch it, so
+    // the lock is simply taken.
+    let _: i64 = raw(
+        &mut conn,
+        redis::cmd("HSET").arg("{typed}").arg("f").arg("v"),
+    )
+    .await;
+    let lock = Lock::new(
+        [redis.client()],
+        "typed",
+        options(ProtocolId::SetPxLua, Duration::from_secs(5)),
+    )
+    .unwrap();
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    let _: i64 = raw(&mut conn, redis::cmd("DEL").arg("{typed}")).await;
+
+    // Held, then someone turns the key into a hash: the release script's GET
+    // fails with WRONGTYPE, which comes back whole as a typed error.
+    let guard = lock.try_acquire().await.unwrap().expect("granted");
+    let _: i64 = raw(&mut conn, redis::cmd("DEL").arg("{typed}")).await;
+    let _: i64 = raw(
+        &mut conn,
+        redis::cmd("HSET").arg("{typed}").arg("f").arg("v"),
+    )
+    .await;
+    match guard.release().await {
+        Err(Error::Redis(text)) => assert!(
+            text.contains("WRONGTYPE Operation against a key holding the wrong kind of value"),
+            "{text}"
+        ),
+        other => panic!("expected a WRONGTYPE error, got {other:?}"),
+    }
+
+    // The reentrant lock reads the key as a hash: a string there is WRONGTYPE
+    // on acquire already.
+    let _: i64 = raw(&mut conn, redis::cmd("DEL").arg("{typed}")).await;
+    let _: () = raw(&mut conn, redis::cmd("SET").arg("{typed}").arg("x")).await;
+    let reentrant = Lock::new(
+        [redis.client()],
+        "typed",
+        options(ProtocolId::Reentrant, Duration::from_secs(5)),
+    );
+    if let Ok(reentrant) = reentrant {
+        match reentrant.try_acquire().await {
+            Err(Error::Redis(text)) => assert!(text.contains("WRONGTYPE"), "{text}"),
+            Ok(None) => {}
+            other => panic!("expected WRONGTYPE or denied, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_after_script_flush_falls_back_to_eval() {
+    let Some(redis) = redis_or_skip("noscript") else {
+        return;
+    };
+    let mut conn = redis.conn().await;
+    let lock = Lock::new(
+        [redis.client()],
+        "scripted",
+        options(ProtocolId::Fenced, Duration::from_secs(5)),
+    )
+    .unwrap();
+    let mut guard = lock.try_acquire().await.unwrap().expect("granted");
+    let _: () = raw(&mut conn, redis::cmd("SCRIPT").arg("FLUSH")).await;
+    guard.extend().await.expect("extend after SCRIPT FLUSH");
+    let _: () = raw(&mut conn, redis::cmd("SCRIPT").arg("FLUSH")).await;
+    assert_eq!(
+        guard.release().await,
+        Ok(true),
+        "release after SCRIPT FLUSH"
+    );
+    let exists: i64 = raw(&mut conn, redis::cmd("EXISTS").arg("{scripted}")).await;
+    assert_eq!(exists, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_is_a_typed_error() {
+    let Some(redis) = redis_or_skip("unreachable") else {
+        return;
+    };
+    let port = redis.port();
+    drop(redis);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let lock = Lock::new(
+        [client],
+        "gone",
+        options(ProtocolId::SetPxLua, Duration::from_secs(1)),
+    )
+    .unwrap();
+    match lock.try_acquire().await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_output_never_shows_the_password() {
+    let client = redis::Client::open("redis://user:s3cret-pw@127.0.0.1:1/").unwrap();
+    let lock = Lock::new(
+        [client],
+        "a",
+        options(ProtocolId::SetPxLua, Duration::from_secs(1)),
+    )
+    .unwrap();
+    let shown = format!("{lock:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(shown.contains("127.0.0.1:1"), "{shown}");
+}
