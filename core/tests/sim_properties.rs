@@ -74,7 +74,7 @@ fn run_schedule(protocol: ProtocolId, nodes: u8, s: &Schedule) -> History {
             hold_ms: (1, s.ttl_ms),
             think_ms: (0, 20),
         },
-        horizon_ms: 1_500,
+        horizon_ms: 3_000,
         ..SimConfig::new(protocol, config)
     };
     match Sim::new(cfg) {
@@ -102,7 +102,7 @@ fn assert_one_holder(protocol: ProtocolId, nodes: u8, s: &Schedule) -> Result<()
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn no_two_holders_inside_validity_without_faults_set_px_watch(s in schedule()) {
@@ -458,4 +458,79 @@ fn bad_simulator_configurations_are_typed_errors() {
     let mut bad = base;
     bad.config.ttl_ms = 0;
     assert!(matches!(err(bad), Some(SimError::Config(_))));
+}
+
+/// c0 starts at once and holds for a long time, c1 starts at 10 ms; c0
+/// crashes at 20 ms while it holds.
+fn crash_while_holding(protocol: ProtocolId) -> History {
+    let config = Config {
+        ttl_ms: 200,
+        ..Config::new("orders")
+    };
+    let cfg = SimConfig {
+        clients: 2,
+        latency_ms: (1, 2),
+        workload: Workload {
+            start_ms: (0, 0),
+            acquire_timeout_ms: Some(5_000),
+            hold_ms: (1_000, 1_000),
+            think_ms: (0, 0),
+        },
+        faults: vec![Fault::ClientCrash {
+            client: ClientId(0),
+            at: Millis(20),
+        }],
+        horizon_ms: 2_000,
+        ..SimConfig::new(protocol, config)
+    };
+    let mut cfg = cfg;
+    // c1 starts 10 ms later: it is paused until then.
+    cfg.faults.push(Fault::ClientPause {
+        client: ClientId(1),
+        at: Millis(0),
+        for_ms: 10,
+    });
+    Sim::new(cfg).expect("a valid configuration").run()
+}
+
+fn acquired_at(h: &History, client: ClientId) -> Vec<Millis> {
+    h.entries
+        .iter()
+        .filter(|e| e.client == Some(client) && matches!(e.what, What::Event(Event::Acquired(_))))
+        .map(|e| e.at)
+        .collect()
+}
+
+#[test]
+fn a_crashed_holder_blocks_setnx_del_forever_but_a_set_px_lua_lease_expires() {
+    let h = crash_while_holding(ProtocolId::SetnxDel);
+    assert_eq!(acquired_at(&h, ClientId(0)).len(), 1, "{h}");
+    assert!(h.entries.iter().any(|e| e.what == What::ClientCrashed));
+    assert_eq!(acquired_at(&h, ClientId(1)), [], "{h}");
+    // The crashed client is not driven any more: nothing of c0 after 20 ms
+    // but its requests still in flight.
+    assert!(h
+        .entries
+        .iter()
+        .filter(|e| e.client == Some(ClientId(0)) && e.at > Millis(20))
+        .all(|e| matches!(e.what, What::Executed { .. })));
+
+    let h = crash_while_holding(ProtocolId::SetPxLua);
+    let c1 = acquired_at(&h, ClientId(1));
+    assert!(
+        c1.first().is_some_and(|t| *t >= Millis(200)),
+        "c1 gets the lock once c0's key expires: {c1:?}\n{h}"
+    );
+    assert_eq!(h.max_concurrent_holders(), 1);
+}
+
+#[test]
+fn a_paused_client_handles_nothing_until_the_pause_ends() {
+    let h = crash_while_holding(ProtocolId::SetPxLua);
+    let c1_first = h
+        .entries
+        .iter()
+        .find(|e| e.client == Some(ClientId(1)) && !matches!(e.what, What::ClientPaused { .. }))
+        .expect("c1 does something");
+    assert_eq!(c1_first.at, Millis(10), "{h}");
 }
