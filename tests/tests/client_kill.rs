@@ -1,0 +1,90 @@
+//! Connections killed mid-acquire (`CLIENT KILL`) and acquire futures dropped
+//! part-way leave no lock beyond its TTL.
+
+use lockwright_core::ProtocolId;
+use lockwright_redis::{Error, Lock, LockOptions};
+use lockwright_tests::{raw, redis_or_skip};
+use std::time::Duration;
+
+const TTL_MS: u64 = 400;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_and_dropped_acquires_leave_no_lock_beyond_its_ttl() {
+    let Some(redis) = redis_or_skip("client kill") else {
+        return;
+    };
+    for protocol in [
+        ProtocolId::SetPxLua,
+        ProtocolId::Fenced,
+        ProtocolId::SetPxWatch,
+        ProtocolId::Reentrant,
+    ] {
+        let options = LockOptions {
+            auto_renew: false,
+            request_timeout: Duration::from_millis(200),
+            ..LockOptions::new(protocol, Duration::from_millis(TTL_MS))
+        };
+        let lock = match Lock::new([redis.client()], "killed", options) {
+            Err(Error::Unsupported(_)) => continue,
+            other => other.unwrap(),
+        };
+        // Acquires that are cut short at different points while a killer
+        // drops every other connection.
+        let killer = {
+            let mut killer_conn = redis.conn().await;
+            tokio::spawn(async move {
+                for _ in 0..40 {
+                    let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                        .arg("KILL")
+                        .arg("TYPE")
+                        .arg("normal")
+                        .arg("SKIPME")
+                        .arg("yes")
+                        .query_async(&mut killer_conn)
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+            })
+        };
+        for i in 0..40u64 {
+            let attempt = lock.acquire_timeout(Duration::from_millis(100));
+            // Drop the future after a varying delay: part-way or after the grant.
+            let _ = tokio::time::timeout(Duration::from_micros(100 + i * 150), attempt).await;
+        }
+        killer.await.unwrap();
+        // Whatever happened, within the TTL (plus slack) the key is gone
+        // and the lock can be taken again.
+        tokio::time::sleep(Duration::from_millis(TTL_MS + 200)).await;
+        let mut check = redis.conn().await;
+        let exists: i64 = raw(&mut check, redis::cmd("EXISTS").arg("{killed}")).await;
+        assert_eq!(exists, 0, "{protocol}: no lock beyond its TTL");
+        let guard = lock
+            .try_acquire()
+            .await
+            .unwrap_or_else(|e| panic!("{protocol}: {e}"))
+            .unwrap_or_else(|| panic!("{protocol}: free after the TTL"));
+        assert_eq!(guard.release().await, Ok(true), "{protocol}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_gives_back_a_grant_before_the_ttl() {
+    let Some(redis) = redis_or_skip("dropped acquire") else {
+        return;
+    };
+    let options = LockOptions {
+        auto_renew: false,
+        ..LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(60))
+    };
+    let lock = Lock::new([redis.client()], "abandoned", options).unwrap();
+    // Start an acquire and drop it at once: the driver keeps going, and
+    // gives back the grant it gets.
+    let attempt = lock.acquire();
+    let _ = tokio::time::timeout(Duration::from_micros(1), attempt).await;
+    // Far before the 60 s TTL the lock is free.
+    let guard = lock
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .expect("the abandoned grant was released");
+    assert_eq!(guard.release().await, Ok(true));
+}
