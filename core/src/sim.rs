@@ -55,8 +55,16 @@
 //! machine event, every request sent, executed, lost or timed out, every fault,
 //! and every *trespass*: a command of one client that deleted, overwrote or
 //! re-timed a key whose value was another client's token (checked by looking
-//! at the node before and after the command). Two checkers read it:
-//! [`History::max_concurrent_holders`] and [`History::successor_deletions`].
+//! at the node before and after the command; only string values are
+//! checked, so hash locks and timestamp-valued locks are out of its reach).
+//! Two checkers read it. [`History::max_concurrent_holders`] counts clients
+//! *inside* at once, where a client is inside from `Acquired` (or
+//! `Extended`) until the earliest of its release call, `Lost`, its crash, or
+//! the instant its own clock reaches the lease's `valid_until`: a
+//! well-behaved holder leaves when its clock says so, and a lock is safe
+//! when no two are ever inside. [`History::successor_deletions`] lists the
+//! trespasses that removed someone else's key. A history prints as a trace,
+//! one entry per line.
 //!
 //! ```
 //! use lockwright_core::sim::{Sim, SimConfig};
@@ -87,7 +95,7 @@ pub struct ClientId(pub u32);
 
 impl fmt::Display for ClientId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "c{}", self.0)
+        f.pad(&format!("c{}", self.0))
     }
 }
 
