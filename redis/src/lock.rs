@@ -38,6 +38,12 @@ pub struct LockOptions {
     pub retry_base: Duration,
     /// Largest delay between acquire attempts.
     pub retry_max: Duration,
+    /// Wait for release notifications instead of the core's timed retries:
+    /// a waiting `acquire` subscribes to the release channel (`<key>:released`,
+    /// published by the release scripts) and tries once per notification,
+    /// with a jittered fallback retry bounded by the holder's remaining TTL
+    /// (`PTTL`) in case a notification is missed or never sent.
+    pub notify: bool,
 }
 
 impl Default for LockOptions {
@@ -52,6 +58,7 @@ impl Default for LockOptions {
             drift: None,
             retry_base: Duration::from_millis(10),
             retry_max: Duration::from_millis(200),
+            notify: false,
         }
     }
 }
@@ -90,7 +97,13 @@ struct Shared {
     protocol: ProtocolId,
     config: Config,
     settings: NodeSettings,
+    notify: bool,
+    retry_base: Duration,
+    retry_max: Duration,
 }
+
+/// The longest fallback wait between notified attempts.
+const MAX_NOTIFY_FALLBACK: Duration = Duration::from_secs(2);
 
 impl Shared {
     fn new(
@@ -129,10 +142,97 @@ impl Shared {
             settings: NodeSettings {
                 request_timeout: options.request_timeout.max(Duration::from_millis(1)),
             },
+            notify: options.notify,
+            retry_base: options.retry_base.max(Duration::from_millis(1)),
+            retry_max: options.retry_max.max(Duration::from_millis(1)),
         })
     }
 
     async fn acquire(&self, how: How) -> Result<Option<LockGuard>, Error> {
+        if self.notify && how != How::Once {
+            self.acquire_notified(how).await
+        } else {
+            self.acquire_driven(how).await
+        }
+    }
+
+    /// Wait without polling: one attempt per release notification, with a
+    /// jittered fallback bounded by the holder's remaining TTL.
+    async fn acquire_notified(&self, how: How) -> Result<Option<LockGuard>, Error> {
+        use futures_util::StreamExt;
+        let deadline = match how {
+            How::Within(d) => Some(tokio::time::Instant::now() + d),
+            How::Once | How::Forever => None,
+        };
+        // Subscribe before the first attempt, so that a release between a
+        // denied attempt and the wait is not missed. Without a subscription
+        // (the server refused it) the fallback retries still run.
+        let pattern = format!("{}*:released", self.config.key());
+        let mut messages = match self.clients[0].get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.psubscribe(&pattern).await {
+                Ok(()) => Some(pubsub.into_on_message()),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        };
+        let mut probe = None;
+        loop {
+            if let Some(guard) = self.acquire_driven(How::Once).await? {
+                return Ok(Some(guard));
+            }
+            let mut wait = self.fallback_wait(&mut probe).await?;
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                wait = wait.min(left);
+            }
+            match &mut messages {
+                Some(stream) => {
+                    tokio::select! {
+                        _ = stream.next() => tracing::debug!("release notification"),
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+                None => tokio::time::sleep(wait).await,
+            }
+        }
+    }
+
+    /// How long to wait for a notification before trying anyway: the
+    /// holder's remaining TTL (capped), jittered to 50–100 %.
+    async fn fallback_wait(
+        &self,
+        probe: &mut Option<redis::aio::MultiplexedConnection>,
+    ) -> Result<Duration, Error> {
+        if probe.is_none() {
+            *probe = self.clients[0]
+                .get_multiplexed_async_connection()
+                .await
+                .ok();
+        }
+        let pttl = match probe {
+            Some(conn) => redis::cmd("PTTL")
+                .arg(self.config.key())
+                .query_async::<i64>(conn)
+                .await
+                .ok(),
+            None => None,
+        };
+        let bound = match pttl {
+            // Gone already: try again soon.
+            Some(-2) | None => self.retry_base,
+            // No TTL on that key (a semaphore's set, or a TTL-less lock).
+            Some(ms) if ms < 0 => self.retry_max,
+            Some(ms) => Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 1),
+        }
+        .min(MAX_NOTIFY_FALLBACK);
+        let percent = 50 + seed()? % 51;
+        Ok(bound * u32::try_from(percent).unwrap_or(100) / 100 + Duration::from_millis(1))
+    }
+
+    async fn acquire_driven(&self, how: How) -> Result<Option<LockGuard>, Error> {
         let span = tracing::info_span!(
             "hold",
             name = %self.config.name,
