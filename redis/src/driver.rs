@@ -288,7 +288,7 @@ impl Driver {
     }
 
     fn route(&mut self, event: Event) {
-        tracing::debug!(?event, "event");
+        tracing::debug!(event = event_name(&event), "event");
         let pending = std::mem::replace(&mut self.pending, Pending::None);
         match (event, pending) {
             (Event::Acquired(lease), Pending::Acquire(done)) => {
@@ -348,10 +348,25 @@ impl Driver {
             (event, pending) => {
                 // An event no operation waits for (an automatic renewal that
                 // did not go through, say): the machine has already acted on it.
-                tracing::debug!(?event, "unclaimed event");
+                tracing::debug!(event = event_name(&event), "unclaimed event");
                 self.pending = pending;
             }
         }
+    }
+}
+
+/// The event's kind, for logs (a lease carries the owner token, which is
+/// not logged).
+fn event_name(event: &Event) -> &'static str {
+    match event {
+        Event::Acquired(_) => "acquired",
+        Event::Denied => "denied",
+        Event::Released { was_held: true } => "released",
+        Event::Released { was_held: false } => "released (was gone)",
+        Event::Extended(_) => "extended",
+        Event::NotExtended => "not extended",
+        Event::Lost => "lost",
+        Event::Failed(_) => "failed",
     }
 }
 

@@ -213,3 +213,25 @@ async fn debug_output_never_shows_the_password() {
     assert!(!shown.contains("s3cret"), "{shown}");
     assert!(shown.contains("127.0.0.1:1"), "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_a_replica_on_a_lone_master_is_a_typed_error_and_undoes_the_grant() {
+    let Some(redis) = redis_or_skip("wait replicas") else {
+        return;
+    };
+    let opts = LockOptions {
+        wait_replicas: Some(1),
+        ..options(ProtocolId::SetPxLua, Duration::from_secs(1))
+    };
+    let lock = Lock::new([redis.client()], "replicated", opts).unwrap();
+    assert_eq!(
+        lock.try_acquire().await.map(|_| ()),
+        Err(Error::ReplicasNotAcknowledged {
+            wanted: 1,
+            acknowledged: 0
+        })
+    );
+    let mut conn = redis.conn().await;
+    let exists: i64 = raw(&mut conn, redis::cmd("EXISTS").arg("{replicated}")).await;
+    assert_eq!(exists, 0, "the unacknowledged grant was undone");
+}
