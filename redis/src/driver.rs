@@ -371,7 +371,7 @@ fn event_name(event: &Event) -> &'static str {
 }
 
 /// Runs one node's requests, in order, on a connection of its own.
-async fn node_worker(
+pub(crate) async fn node_worker(
     client: redis::Client,
     settings: NodeSettings,
     mut requests: mpsc::UnboundedReceiver<Request>,

@@ -63,6 +63,12 @@ pub enum Error {
     /// The driver task is gone (the runtime is shutting down).
     #[error("the lock's driver task has stopped")]
     DriverGone,
+    /// The cache loader failed (its error, rendered).
+    #[error("the cache loader failed: {0}")]
+    Load(String),
+    /// A cache-stampede guard call was refused (empty key, ...).
+    #[error(transparent)]
+    Stampede(#[from] lockwright_core::stampede::StampedeError),
     /// The OS random number generator failed to produce an owner token.
     #[error("the OS random number generator failed: {0}")]
     Random(String),

@@ -12,6 +12,7 @@
 //!   `valid_until()`, `extend()`, `release()` and `lost()`. Protocols that
 //!   renew (`reentrant`, `fenced`, `lease-semaphore`) renew while the guard
 //!   lives.
+//! - [`Cache::get_or_load`]: the cache-stampede guard, single flight per key.
 //! - The driver (one tokio task per hold, see the `driver` module docs)
 //!   runs requests on connections dedicated to that hold, `EVALSHA` with a
 //!   `NOSCRIPT` fallback to `EVAL`, `MULTI … EXEC` as one pipeline, and
@@ -47,6 +48,8 @@
 //! ```
 
 #[cfg(not(loom))]
+mod cache;
+#[cfg(not(loom))]
 mod clock;
 #[cfg(not(loom))]
 mod driver;
@@ -61,6 +64,8 @@ pub mod token;
 #[cfg(not(loom))]
 pub mod wire;
 
+#[cfg(not(loom))]
+pub use cache::{Cache, CacheOptions};
 #[cfg(not(loom))]
 pub use error::Error;
 #[cfg(not(loom))]

@@ -1,0 +1,204 @@
+//! The cache-stampede helper: [`Cache::get_or_load`], single flight per key.
+//!
+//! A thin driver for the core's [`StampedeGuard`]: on a cache miss exactly one
+//! caller per key (the winner of the key's lock, `<name>:<key>`) runs the
+//! loader and stores the value; the others re-read until it appears. The
+//! decisions are the guard's; this module runs its requests and its loader.
+
+use crate::clock::clock;
+use crate::driver::{node_worker, NodeSettings};
+use crate::token::{owner_token, seed};
+use crate::Error;
+use lockwright_core::stampede::{StampedeEvent, StampedeGuard};
+use lockwright_core::{Config, ProtocolId};
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+/// How a [`Cache`] behaves.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CacheOptions {
+    /// The lock guarding each key's load (a single-node catalogue lock).
+    pub guard_lock: ProtocolId,
+    /// The load timeout: the per-key lock's TTL.
+    pub load_timeout: Duration,
+    /// How long a loaded value stays cached.
+    pub cache_ttl: Duration,
+    /// How often waiters re-read the cache.
+    pub reread: Duration,
+    /// How long the driver waits for one reply.
+    pub request_timeout: Duration,
+}
+
+impl Default for CacheOptions {
+    fn default() -> CacheOptions {
+        CacheOptions {
+            guard_lock: ProtocolId::SetPxLua,
+            load_timeout: Duration::from_secs(10),
+            cache_ttl: Duration::from_secs(60),
+            reread: Duration::from_millis(10),
+            request_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A cache in front of a slow loader, on one Redis node.
+#[derive(Clone)]
+pub struct Cache {
+    client: redis::Client,
+    config: Config,
+    cache_ttl_ms: u64,
+    settings: NodeSettings,
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("name", &self.config.name)
+            .field("node", &self.client.get_connection_info().addr.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Cache {
+    /// A cache whose per-key locks are named `<name>:<key>`.
+    pub fn new(
+        client: redis::Client,
+        name: impl Into<String>,
+        options: CacheOptions,
+    ) -> Result<Cache, Error> {
+        let config = Config {
+            ttl_ms: millis(options.load_timeout),
+            retry_base_ms: millis(options.reread).max(1),
+            retry_max_ms: millis(options.reread).max(1),
+            guard_lock: options.guard_lock,
+            ..Config::new(name)
+        };
+        let cache_ttl_ms = millis(options.cache_ttl);
+        // Validate once.
+        StampedeGuard::new(&config, cache_ttl_ms, lockwright_core::Token("v".into()))?;
+        Ok(Cache {
+            client,
+            config,
+            cache_ttl_ms,
+            settings: NodeSettings {
+                request_timeout: options.request_timeout.max(Duration::from_millis(1)),
+            },
+        })
+    }
+
+    /// The cached value of `key`; on a miss, the value `loader` produces
+    /// (run by exactly one caller per key at a time), which is then cached.
+    ///
+    /// Dropping this future part-way leaves at most the key's lock behind,
+    /// until its TTL (the load timeout).
+    pub async fn get_or_load<F, Fut, E>(&self, key: &str, loader: F) -> Result<String, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<String, E>>,
+        E: fmt::Display,
+    {
+        let span = tracing::info_span!("get_or_load", cache = %self.config.name, key);
+        self.run(key, loader).instrument(span).await
+    }
+
+    async fn run<F, Fut, E>(&self, key: &str, loader: F) -> Result<String, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<String, E>>,
+        E: fmt::Display,
+    {
+        let config = Config {
+            seed: seed()?,
+            ..self.config.clone()
+        };
+        let mut guard = StampedeGuard::new(&config, self.cache_ttl_ms, owner_token()?)?;
+        let (node_tx, node_rx) = mpsc::unbounded_channel();
+        let (reply_tx, mut replies) = mpsc::unbounded_channel();
+        tokio::spawn(node_worker(
+            self.client.clone(),
+            self.settings.clone(),
+            node_rx,
+            reply_tx,
+        ));
+        let mut loader = Some(loader);
+        let mut loaded: Option<String> = None;
+        let mut load_error: Option<String> = None;
+        let mut last_io_error: Option<String> = None;
+        guard.get_or_load(clock().now(), key)?;
+        loop {
+            while let Some(request) = guard.poll_transmit() {
+                if node_tx.send(request.clone()).is_err() {
+                    guard.handle_reply(
+                        clock().now(),
+                        request.id,
+                        lockwright_core::Outcome::Unknown,
+                    );
+                }
+            }
+            if let Some(event) = guard.poll_event() {
+                match event {
+                    StampedeEvent::Hit(value) => return Ok(value),
+                    StampedeEvent::Load => {
+                        let Some(load) = loader.take() else {
+                            return Err(Error::Load("the loader was asked for twice".into()));
+                        };
+                        match load().await {
+                            Ok(value) => {
+                                loaded = Some(value.clone());
+                                guard.handle_loaded(clock().now(), value)?;
+                            }
+                            Err(e) => {
+                                load_error = Some(e.to_string());
+                                guard.handle_load_failed(clock().now())?;
+                            }
+                        }
+                    }
+                    StampedeEvent::Stored | StampedeEvent::LoadTimedOut => {
+                        if let Some(value) = loaded.take() {
+                            return Ok(value);
+                        }
+                        return Err(Error::Timeout);
+                    }
+                    StampedeEvent::LoadAbandoned => {
+                        return Err(Error::Load(load_error.take().unwrap_or_default()));
+                    }
+                    StampedeEvent::Failed(e) => {
+                        return Err(match last_io_error.take() {
+                            Some(reason) => Error::Unavailable(reason),
+                            None => e.into(),
+                        })
+                    }
+                }
+                continue;
+            }
+            let deadline = guard
+                .poll_timeout()
+                .and_then(|t| clock().instant_of(t))
+                .map(tokio::time::Instant::from_std);
+            tokio::select! {
+                reply = replies.recv() => match reply {
+                    Some((id, outcome, io_error)) => {
+                        if io_error.is_some() {
+                            last_io_error = io_error;
+                        }
+                        guard.handle_reply(clock().now(), id, outcome);
+                    }
+                    None => return Err(Error::DriverGone),
+                },
+                () = async {
+                    match deadline {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => guard.handle_timeout(clock().now()),
+            }
+        }
+    }
+}
