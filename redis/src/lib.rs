@@ -17,9 +17,10 @@
 //!   runs requests on connections dedicated to that hold, `EVALSHA` with a
 //!   `NOSCRIPT` fallback to `EVAL`, `MULTI … EXEC` as one pipeline, and
 //!   turns connection errors and timeouts into the core's unknown outcome.
-//! - Owner tokens are 128 bits from the OS CSPRNG. TLS and AUTH come from
-//!   the `redis://` / `rediss://` URL; no password reaches Debug output or
-//!   logs. Every operation runs in a `tracing` span.
+//! - Owner tokens are 128 bits from the OS CSPRNG. AUTH comes from the
+//!   `redis://user:password@host` URL, TLS from `rediss://` URLs (with the
+//!   crate feature `tls`); no password or owner token reaches Debug output
+//!   or logs. Every operation runs in a `tracing` span.
 //!
 //! ## Cancellation
 //!
