@@ -60,11 +60,16 @@
 pub mod api_shim;
 mod clock;
 mod docker;
+pub mod driven;
+pub mod history;
 mod node;
+pub mod report;
 
 use std::time::Duration;
 
 pub use clock::FakeClock;
+pub use driven::DrivenMachine;
+pub use history::{History, Observed, Op};
 pub use node::{
     default_image, NodeOptions, Persistence, RedisNode, FAKETIME_DIR, IMAGE_NAME, IMAGE_TAG,
     LIBFAKETIME, REDIS_PORT,
