@@ -309,3 +309,15 @@ pub fn unreachable_url() -> String {
     drop(listener);
     format!("redis://127.0.0.1:{port}/")
 }
+
+/// A `try_acquire` that did not grant: `Ok(None)`, or `Unavailable` when
+/// some master could not be reached (the adapter reports the last I/O error
+/// with the denial).
+pub fn is_denied(
+    result: &Result<Option<lockwright_redis::LockGuard>, lockwright_redis::Error>,
+) -> bool {
+    matches!(
+        result,
+        Ok(None) | Err(lockwright_redis::Error::Unavailable(_))
+    )
+}
