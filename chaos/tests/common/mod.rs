@@ -321,3 +321,27 @@ pub fn is_denied(
         Ok(None) | Err(lockwright_redis::Error::Unavailable(_))
     )
 }
+
+impl Outcome {
+    /// Puts `prefix` before the detail.
+    pub fn with_prefix(mut self, prefix: &str) -> Self {
+        self.detail = format!("{prefix}{}", self.detail);
+        self
+    }
+}
+
+/// The model's shortest counterexample for a cell, as text (`None` when the
+/// property holds there).
+pub fn model_counterexample(protocol: &str, fault: &str, property: &str) -> Option<String> {
+    let protocol = ProtocolId::from_str(protocol).expect("a catalogue protocol");
+    let fault = Fault::from_str(fault).expect("a model fault");
+    let property = PropertyId::from_str(property).expect("a model property");
+    let run = matrix::check(protocol, fault, 1, true).expect("the model builds");
+    let cell = run
+        .cells
+        .into_iter()
+        .find(|cell| cell.property == property)?;
+    let model = matrix::model_for(protocol, fault, vec![property]).expect("the model builds");
+    cell.trace
+        .map(|steps| lockwright_model::trace::text(&model, &steps))
+}
