@@ -1,8 +1,8 @@
 //! The results table: one row per (scenario, model cell), expected by the
 //! model beside observed on real Redis.
 //!
-//! Each scenario prints its own rows and appends them to
-//! `<dir>/<scenario>.tsv`; [`load`] reads every file back so that one table
+//! Each scenario prints its own rows and saves them to
+//! `<dir>/<scenario>.tsv` ([`save`]); [`load`] reads every file back so that one table
 //! of the whole suite can be printed at the end (`tests/results.rs`).
 
 use std::fmt::Write as _;
@@ -83,21 +83,22 @@ pub fn table(rows: &[Row]) -> String {
     }
     for row in rows {
         if !row.detail.is_empty() {
-            let _ = writeln!(out, "  {} / {}: {}", row.scenario, row.property, row.detail);
+            let _ = writeln!(
+                out,
+                "  {} {} / {}: {}",
+                row.scenario, row.protocol, row.property, row.detail
+            );
         }
     }
     out
 }
 
-/// Appends `rows` to `<dir>/<file>.tsv` (tabs and newlines in cells become
-/// spaces).
-pub fn append(dir: &Path, file: &str, rows: &[Row]) -> Result<(), ChaosError> {
+/// Writes `rows` to `<dir>/<file>.tsv`, replacing what an earlier run
+/// saved there (tabs and newlines in cells become spaces).
+pub fn save(dir: &Path, file: &str, rows: &[Row]) -> Result<(), ChaosError> {
     use std::io::Write as _;
     std::fs::create_dir_all(dir)?;
-    let mut out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("{file}.tsv")))?;
+    let mut out = std::fs::File::create(dir.join(format!("{file}.tsv")))?;
     for row in rows {
         let fields = [
             &row.scenario,
@@ -173,10 +174,11 @@ mod tests {
     fn rows_survive_a_round_trip_through_files() {
         let dir = std::env::temp_dir().join(format!("lockwright-report-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        append(&dir, "a", &[row("violated", "violated")]).unwrap();
-        append(&dir, "b", &[row("holds", "holds")]).unwrap();
+        save(&dir, "a", &[row("holds", "violated")]).unwrap();
+        save(&dir, "a", &[row("violated", "violated")]).unwrap();
+        save(&dir, "b", &[row("holds", "holds")]).unwrap();
         let rows = load(&dir).unwrap();
-        assert_eq!(rows.len(), 2);
+        assert_eq!(rows.len(), 2, "a second save replaces the first");
         assert_eq!(rows[0].detail, "two majorities");
         assert_eq!(rows[1].expected, "holds");
         let _ = std::fs::remove_dir_all(&dir);

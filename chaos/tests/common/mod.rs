@@ -215,7 +215,7 @@ pub fn report(file: &str, outcomes: &[(Outcome, &str)]) {
         })
         .collect();
     eprintln!("\n{}", report::table(&rows));
-    if let Err(error) = report::append(&results_dir(), file, &rows) {
+    if let Err(error) = report::save(&results_dir(), file, &rows) {
         eprintln!("could not save the rows for the combined table: {error}");
     }
     for ((outcome, want), row) in outcomes.iter().zip(&rows) {
