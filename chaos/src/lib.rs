@@ -2,8 +2,32 @@
 //!
 //! Testcontainers scenarios that inject the model's faults into real Redis
 //! masters and check that reality agrees with the verdict matrix. This crate
-//! holds the infrastructure: the containers, the faults, and the environment
-//! check; the scenarios build on it.
+//! holds the infrastructure (the containers, the faults, the environment
+//! check), the [`history`] checks, the [`report`] table and
+//! [`DrivenMachine`]; the scenarios are its integration tests.
+//!
+//! ## Scenarios (`tests/`, one file each)
+//!
+//! Each names the model cell it reproduces, records a [`History`] of grants,
+//! releases and protected writes, checks it, prints a row per cell
+//! (scenario | protocol | fault | property | expected by the model |
+//! observed) and asserts that the observation is the model's verdict, which
+//! it computes in-process with `lockwright_model::matrix::check`.
+//!
+//! | file | cells | observed |
+//! |---|---|---|
+//! | `redlock_clock_jump` | (redlock, clock-jump, mutual-exclusion) | two clients hold a majority of five |
+//! | `redlock_restart` | (redlock, restart / restart-delayed, mutual-exclusion) | two holders / none |
+//! | `failover` | (set-px-lua, failover, mutual-exclusion) | lost grant; with `WAIT`, only the unwaited extend |
+//! | `pause` | (set-px-lua / fenced, pause, mutual-exclusion / fenced-resource) | both believe they hold; only fences keep the resource |
+//! | `redlock_partition` | (redlock, partition, …) | minority and majority partitions: no overlap |
+//! | `set_px_get_del` | (set-px-get-del / set-px-lua, pause, owner-only) | GET/DEL deletes the successor's key; the script does not |
+//! | `setnx_getset_skew`, `zset_semaphore_skew` | (…, client-skew, mutual-exclusion) | takeover, over-admission |
+//! | `safe_protocols` | (set-px-lua / fenced / lease-semaphore, crash / partition / delay, …) | no violation in 12 rounds each |
+//! | `results` | every row saved by the scenarios | the combined table |
+//!
+//! `chaos/ci.sh` builds the image, runs the suite (about two minutes) and
+//! prints the combined table.
 //!
 //! ## The image
 //!

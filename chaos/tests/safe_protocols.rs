@@ -224,7 +224,7 @@ async fn rounds(node: &RedisNode, fault: Fault) -> Vec<(Outcome, &'static str)> 
             })
         })
         .collect();
-    let mut longest_wait = Duration::ZERO;
+    let mut longest_wait = vec![Duration::ZERO; subjects.len()];
     for round in 0..ROUNDS {
         let mut holders = Vec::new();
         let mut grants = Vec::new();
@@ -249,18 +249,20 @@ async fn rounds(node: &RedisNode, fault: Fault) -> Vec<(Outcome, &'static str)> 
         for holder in holders {
             holder.await.expect("holder");
         }
-        for (subject, contender) in subjects.iter().zip(contenders) {
+        for ((subject, contender), longest) in
+            subjects.iter().zip(contenders).zip(&mut longest_wait)
+        {
             let waited = contender.await.expect("contender").unwrap_or_else(|| {
                 panic!(
                     "{} under {fault:?}: the contender never acquired (progress)",
                     subject.protocol
                 )
             });
-            longest_wait = longest_wait.max(waited);
+            *longest = (*longest).max(waited);
         }
     }
     let mut outcomes = Vec::new();
-    for (subject, (name, _)) in subjects.iter().zip(PROTOCOLS) {
+    for ((subject, (name, _)), longest) in subjects.iter().zip(PROTOCOLS).zip(longest_wait) {
         let holds = subject.history.holds().len();
         let writes = subject
             .history
@@ -271,8 +273,8 @@ async fn rounds(node: &RedisNode, fault: Fault) -> Vec<(Outcome, &'static str)> 
         let scenario = format!("safe_protocols/{}", fault.model());
         for property in ["mutual-exclusion", "fenced-resource"] {
             let clean = format!(
-                "{ROUNDS} rounds, {holds} holds, {writes} writes, longest wait {:?}",
-                longest_wait
+                "{ROUNDS} rounds, {holds} holds, {writes} writes, longest wait {} ms",
+                longest.as_millis()
             );
             outcomes.push((
                 Outcome::from_history(
