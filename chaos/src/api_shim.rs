@@ -12,7 +12,7 @@
 //! daemon's unix socket. The few calls the chaos crate makes (create, start,
 //! inspect, logs, pause, stop, remove, networks) have compatible shapes.
 //!
-//! The docker CLI ([`crate::docker`]) negotiates by itself and is always given
+//! The docker CLI (the crate's `docker` module) negotiates by itself and is always given
 //! the original `DOCKER_HOST`.
 
 use std::path::PathBuf;
