@@ -246,8 +246,6 @@ macro_rules! machines {
             pub fn new(id: ProtocolId, config: &Config, token: Token) -> Result<Machine, ConfigError> {
                 match id {
                     $(ProtocolId::$id => Ok(Machine::$id(<$ty>::new(config, token)?)),)*
-                    #[allow(unreachable_patterns)]
-                    other => unimplemented!("{other} is not in the core yet"),
                 }
             }
 
@@ -301,15 +299,15 @@ machines! {
     SetPxGetDel => crate::locks::set_px_get_del::SetPxGetDel,
     SetPxWatch => crate::locks::set_px_watch::SetPxWatch,
     Fenced => crate::locks::fenced::FencedLock,
+    SetnxDel => crate::locks::setnx_del::SetnxDel,
+    SetnxExpire => crate::locks::setnx_expire::SetnxExpire,
+    SetnxGetset => crate::locks::setnx_getset::SetnxGetset,
+    Reentrant => crate::locks::reentrant::Reentrant,
     ZsetSemaphore => crate::semaphores::zset_semaphore::ZsetSemaphore,
     FairSemaphore => crate::semaphores::fair_semaphore::FairSemaphore,
     FairSemaphoreLocked => crate::semaphores::fair_semaphore_locked::FairSemaphoreLocked,
     WatchSemaphore => crate::semaphores::watch_semaphore::WatchSemaphore,
     LeaseSemaphore => crate::semaphores::lease_semaphore::LeaseSemaphore,
-    SetnxDel => crate::locks::setnx_del::SetnxDel,
-    SetnxExpire => crate::locks::setnx_expire::SetnxExpire,
-    SetnxGetset => crate::locks::setnx_getset::SetnxGetset,
-    Reentrant => crate::locks::reentrant::Reentrant,
     Redlock => crate::locks::redlock::Redlock,
 }
 

@@ -13,8 +13,8 @@ pub enum Fault {
     Crash,
     /// A client takes no step while time advances (a GC pause, a stalled VM).
     Pause,
-    /// Client clocks disagree: an offset of half a TTL, and one clock runs
-    /// 5 % slow (within RedLock's drift allowance of `ttl/100 + 2`).
+    /// Client clocks disagree: one clock is half a TTL ahead and runs 1 %
+    /// slow (within RedLock's drift allowance of `ttl/100 + 2`).
     ClientSkew,
     /// One node's clock jumps forward by more than the TTL.
     ClockJump,
@@ -27,8 +27,9 @@ pub enum Fault {
     /// Node 0 has an asynchronous replica; replication is its own step; the
     /// replica is promoted, dropping what it had not received.
     Failover,
-    /// Messages are delivered late (time passes while they are in flight)
-    /// and one request or reply may be lost.
+    /// The messages of one link are held up (request and reply may each
+    /// arrive after time has passed, twice at most), and one request or reply
+    /// may be lost.
     Delay,
     /// A node is cut off from every client for a while; messages across the
     /// cut are lost.

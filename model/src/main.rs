@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
-#[command(name = "lockwright", version, about = "Which Redis lock or semaphore is safe under which faults, checked")]
+#[command(
+    name = "lockwright",
+    version,
+    about = "Which Redis lock or semaphore is safe under which faults, checked"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -108,7 +112,12 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn list() {
     for e in catalogue() {
-        println!("{:<22} {:<9} {}", e.id.as_str(), format!("{:?}", e.kind).to_lowercase(), e.idea);
+        println!(
+            "{:<22} {:<9} {}",
+            e.id.as_str(),
+            format!("{:?}", e.kind).to_lowercase(),
+            e.idea
+        );
         println!("{:<32} origin: {}", "", e.origin);
     }
 }
@@ -155,7 +164,11 @@ fn check(
                 f.as_str(),
                 run.states,
                 run.seconds,
-                if violated.is_empty() { "-".to_owned() } else { violated.join(", ") }
+                if violated.is_empty() {
+                    "-".to_owned()
+                } else {
+                    violated.join(", ")
+                }
             );
             cells.extend(run.cells);
         }
@@ -238,7 +251,16 @@ fn render_matrix(
             let expected = matrix::expected(rules, p, f, c.property).map(|r| r.verdict);
             let mark = if expected == Some(c.verdict) { "" } else { "!" };
             if c.verdict == Verdict::Violated || !mark.is_empty() {
-                parts.push(format!("{}{}{}", mark, short(c.property), if c.verdict == Verdict::Violated { "✗" } else { "✓" }));
+                parts.push(format!(
+                    "{}{}{}",
+                    mark,
+                    short(c.property),
+                    if c.verdict == Verdict::Violated {
+                        "✗"
+                    } else {
+                        "✓"
+                    }
+                ));
             }
         }
         if parts.is_empty() {
@@ -296,7 +318,10 @@ fn explain(
             continue;
         }
         match &cell.trace {
-            None => println!("{protocol} under {fault}: {} holds ({} states)", cell.property, cell.states),
+            None => println!(
+                "{protocol} under {fault}: {} holds ({} states)",
+                cell.property, cell.states
+            ),
             Some(t) => {
                 any = true;
                 println!(
@@ -306,7 +331,9 @@ fn explain(
                 );
                 print!("{}", trace::text(&model, t));
                 if let Some(path) = &svg {
-                    let path = if property.is_none() && run.cells.iter().filter(|c| c.trace.is_some()).count() > 1 {
+                    let path = if property.is_none()
+                        && run.cells.iter().filter(|c| c.trace.is_some()).count() > 1
+                    {
                         path.with_file_name(format!(
                             "{}-{}.svg",
                             path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace"),

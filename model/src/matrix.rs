@@ -276,12 +276,12 @@ pub fn parse_expectations(text: &str) -> Result<Vec<Rule>, ExpectationError> {
 }
 
 /// The rule that decides a cell, if any.
-pub fn expected<'r>(
-    rules: &'r [Rule],
+pub fn expected(
+    rules: &[Rule],
     protocol: ProtocolId,
     fault: Fault,
     property: PropertyId,
-) -> Option<&'r Rule> {
+) -> Option<&Rule> {
     rules.iter().rev().find(|r| {
         r.protocols.as_ref().is_none_or(|v| v.contains(&protocol))
             && r.faults.as_ref().is_none_or(|v| v.contains(&fault))

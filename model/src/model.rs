@@ -60,7 +60,13 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// The standard bounds for `protocol` under `fault`: two clients, one
-    /// node (three for RedLock), TTL 20, retries every 4–8, horizon 64.
+    /// node (three for RedLock), a 10 s TTL (whole seconds, so that the
+    /// book's `EXPIRE` in seconds means what it says), retries every 2–4 s,
+    /// and a horizon just past the progress patience (32 s).
+    ///
+    /// Time only stops at instants where something can change, so the scale
+    /// costs no states; it keeps RedLock's `ttl/100 + 2 ms` drift allowance
+    /// in proportion.
     pub fn new(protocol: ProtocolId, fault: Fault) -> ModelConfig {
         ModelConfig {
             protocol,
@@ -71,10 +77,10 @@ impl ModelConfig {
             } else {
                 1
             },
-            ttl: 20,
-            retry_base: 4,
-            retry_max: 8,
-            horizon: 64,
+            ttl: 10_000,
+            retry_base: 2_000,
+            retry_max: 4_000,
+            horizon: 32_000,
         }
     }
 
@@ -173,8 +179,15 @@ pub struct ClientState {
 }
 
 impl ClientState {
-    fn inside(&self) -> bool {
-        !self.crashed && matches!(self.phase, Phase::Holding(_) | Phase::Checked(_))
+    /// Inside its critical section at true time `t`: it believes it holds
+    /// and has not left. A well-behaved client leaves when its own clock
+    /// says its validity is over, unless it is paused and cannot.
+    fn inside(&self, t: u64) -> bool {
+        let lease = match &self.phase {
+            Phase::Holding(lease) | Phase::Checked(lease) => lease,
+            _ => return false,
+        };
+        !self.crashed && (self.paused || self.clock.at(t) < lease.valid_until)
     }
 
     fn runs(&self) -> bool {
@@ -248,8 +261,12 @@ pub struct State {
     pub resource: Resource,
     /// Fault actions left.
     pub budget: u8,
-    /// `delay`: ticks left that may pass while messages are in flight.
+    /// `delay`: ticks left that may pass while the held message is in flight.
     pub late_ticks: u8,
+    /// `delay`: the link whose messages are held up, if any.
+    pub held: Option<(u8, u8)>,
+    /// `delay`: links that may still be held up (one per run).
+    pub holds_left: u8,
     /// Grants so far (ghost).
     pub grants: u32,
     /// A release or extend touched another owner's hold (ghost, sticky).
@@ -264,6 +281,14 @@ pub struct State {
 pub enum Action {
     /// The node runs the first request on the link.
     Deliver {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// The node runs the first request on the link and the client receives
+    /// the reply, in one step.
+    RoundTrip {
         /// Client.
         client: u8,
         /// Node.
@@ -298,6 +323,14 @@ pub enum Action {
     Replicate,
     /// `failover`: the replica of node 0 is promoted in its place.
     Promote,
+    /// `delay`: the link's messages are held up (they may arrive after time
+    /// has passed, request and reply separately).
+    Hold {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
     /// `delay`: the first request on the link is lost.
     LoseRequest {
         /// Client.
@@ -389,10 +422,12 @@ impl LockModel {
         let clients = (0..cfg.clients)
             .map(|c| {
                 let clock = if cfg.fault == Fault::ClientSkew && c == 1 {
+                    // Half a TTL ahead and 1 % slow: within RedLock's drift
+                    // allowance (ttl/100 + 2 ms) over one TTL.
                     ClientClock {
                         offset: cfg.ttl / 2,
-                        num: 19,
-                        den: 20,
+                        num: 99,
+                        den: 100,
                     }
                 } else {
                     ClientClock::EXACT
@@ -421,7 +456,9 @@ impl LockModel {
                 Fault::None | Fault::ClientSkew => 0,
                 _ => 1,
             },
-            late_ticks: if cfg.fault == Fault::Delay { 2 } else { 0 },
+            late_ticks: if cfg.fault == Fault::Delay { 3 } else { 0 },
+            held: None,
+            holds_left: u8::from(cfg.fault == Fault::Delay),
             grants: 0,
             owner_violation: false,
             last_inside: 0,
@@ -490,10 +527,13 @@ impl LockModel {
         if t >= self.cfg.horizon {
             return None;
         }
-        let delay = state.late_ticks > 0;
         let mut next = self.cfg.horizon;
         for (c, client) in state.clients.iter().enumerate() {
             if client.crashed {
+                // What a crashed client already sent still arrives promptly.
+                if self.in_flight(state, c) {
+                    return None;
+                }
                 continue;
             }
             let due = self.obligation(state, c);
@@ -501,7 +541,7 @@ impl LockModel {
                 if due.is_some_and(|d| d <= t) {
                     return None;
                 }
-                if !delay && self.in_flight(state, c) {
+                if self.in_flight(state, c) {
                     return None;
                 }
             }
@@ -530,16 +570,24 @@ impl LockModel {
         Some(next)
     }
 
-    /// Does a message to or from running client `c` sit on a link?
+    /// Does a message to or from client `c` sit on a link other than the
+    /// held one (which alone may stay in flight while time passes, as long
+    /// as late ticks are left)?
     fn in_flight(&self, state: &State, c: usize) -> bool {
         (0..self.cfg.nodes).any(|n| {
             let link = &state.links[self.link(c as u8, n)];
-            !link.requests.is_empty() || !link.replies.is_empty()
+            let busy = !link.requests.is_empty() || !link.replies.is_empty();
+            let held = state.held == Some((c as u8, n)) && state.late_ticks > 0;
+            busy && !held
         })
     }
 
-    /// Every hold visible on a node at its time `now`: (key, member, owner, expiry).
-    fn holds(node: &NodeState, now: Millis) -> BTreeSet<(String, String, u8, Option<u64>)> {
+    /// Every hold visible on a node at its time `now`: (key, member, owner,
+    /// expiry). Sorted-set members count by owner token; where the scores are
+    /// server-clock deadlines (`lease-semaphore`), a member past its deadline
+    /// is no longer a hold, and dropping it touches no one.
+    fn holds(&self, node: &NodeState, now: Millis) -> BTreeSet<(String, String, u8, Option<u64>)> {
+        let deadlines = self.cfg.protocol == ProtocolId::LeaseSemaphore;
         let mut out = BTreeSet::new();
         for (key, entry) in node.keyspace.live(now) {
             let Entry { value, expires_at } = entry;
@@ -566,6 +614,9 @@ impl LockModel {
                 }
                 Value::ZSet(z) => {
                     for (m, score) in z {
+                        if deadlines && *score < now.get() as i64 {
+                            continue;
+                        }
                         if let Some(o) = Self::owner_of_token(m) {
                             out.insert((key.to_owned(), m.clone(), o, Some(*score as u64)));
                         }
@@ -606,7 +657,7 @@ impl LockModel {
         }
         let now = node.now(t);
         let releasing = !matches!(state.clients[usize::from(c)].phase, Phase::Acquiring);
-        let before = releasing.then(|| Self::holds(node, now));
+        let before = releasing.then(|| self.holds(node, now));
         let reply = match &req.command {
             Command::Wait { replicas, .. } => {
                 let synced = node
@@ -619,7 +670,7 @@ impl LockModel {
         };
         Self::record_writers(&mut node.writers, c, &req.command, &reply);
         if let Some(before) = before {
-            let after = Self::holds(node, now);
+            let after = self.holds(node, now);
             let touched = before
                 .iter()
                 .filter(|h| h.2 != c)
@@ -651,7 +702,7 @@ impl LockModel {
     fn after_step(&self, state: &mut State) {
         let t = state.time;
         let obstructed = state.nodes.iter().any(|n| !n.reachable(t));
-        if obstructed || state.clients.iter().any(ClientState::inside) {
+        if obstructed || state.clients.iter().any(|c| c.inside(t)) {
             state.last_inside = t;
         }
     }
@@ -660,7 +711,12 @@ impl LockModel {
     pub fn holds_in(&self, property: PropertyId, state: &State) -> bool {
         match property {
             PropertyId::MutualExclusion => {
-                state.clients.iter().filter(|c| c.inside()).count() <= self.limit
+                state
+                    .clients
+                    .iter()
+                    .filter(|c| c.inside(state.time))
+                    .count()
+                    <= self.limit
             }
             PropertyId::FencedResource => !state.resource.stale_accepted,
             PropertyId::OwnerOnly => !state.owner_violation,
@@ -681,17 +737,47 @@ impl LockModel {
             let client = &state.clients[usize::from(c)];
             for n in 0..cfg.nodes {
                 let link = &state.links[self.link(c, n)];
-                // A paused or crashed client's requests already on the wire still arrive.
-                if !link.requests.is_empty() {
-                    actions.push(Action::Deliver { client: c, node: n });
-                    if fault == Fault::Delay && state.budget > 0 {
-                        actions.push(Action::LoseRequest { client: c, node: n });
+                if state.holds_left > 0 && client.runs() && state.held.is_none() {
+                    // Hold this link's messages up: they may arrive late.
+                    if !link.requests.is_empty() || !link.replies.is_empty() {
+                        actions.push(Action::Hold { client: c, node: n });
                     }
                 }
-                if !link.replies.is_empty() && (client.runs() || client.crashed) {
-                    actions.push(Action::Receive { client: c, node: n });
-                    if fault == Fault::Delay && state.budget > 0 && !client.crashed {
+                if fault == Fault::Delay && state.budget > 0 && !client.crashed {
+                    if !link.requests.is_empty() {
+                        actions.push(Action::LoseRequest { client: c, node: n });
+                    } else if !link.replies.is_empty() {
                         actions.push(Action::LoseReply { client: c, node: n });
+                    }
+                }
+                if state.held == Some((c, n)) {
+                    // A held link is served in two halves, at any later time.
+                    if !link.replies.is_empty() {
+                        if client.runs() {
+                            actions.push(Action::Receive { client: c, node: n });
+                        }
+                    } else if !link.requests.is_empty() {
+                        actions.push(Action::Deliver { client: c, node: n });
+                    }
+                    continue;
+                }
+                if !link.replies.is_empty() {
+                    // Replies that waited for a pause to end.
+                    if client.runs() {
+                        actions.push(Action::Receive { client: c, node: n });
+                    }
+                } else if !link.requests.is_empty() {
+                    if client.runs() {
+                        // Partial-order reduction: a running client's reply is
+                        // received in the same step as its request runs. What
+                        // could happen in between (other clients' steps, node
+                        // faults) touches neither the client's machine nor the
+                        // reply, so it may as well happen before or after.
+                        actions.push(Action::RoundTrip { client: c, node: n });
+                    } else {
+                        // A paused or crashed client's requests already on the
+                        // wire still arrive.
+                        actions.push(Action::Deliver { client: c, node: n });
                     }
                 }
             }
@@ -722,7 +808,10 @@ impl LockModel {
         }
         for n in 0..cfg.nodes {
             let node = &state.nodes[usize::from(n)];
-            if state.budget > 0 {
+            // Nodes are interchangeable (every client treats them alike and
+            // their deliveries interleave freely), so a node fault need only
+            // strike node 0: a symmetry reduction.
+            if state.budget > 0 && n == 0 {
                 match fault {
                     Fault::ClockJump => actions.push(Action::JumpClock(n)),
                     Fault::Restart | Fault::RestartDelayed | Fault::RestartPersisted => {
@@ -754,6 +843,10 @@ impl LockModel {
         let mut s = state.clone();
         match *action {
             Action::Deliver { client, node } => self.deliver(&mut s, client, node),
+            Action::RoundTrip { client, node } => {
+                self.deliver(&mut s, client, node);
+                self.receive(&mut s, client, node);
+            }
             Action::Receive { client, node } => self.receive(&mut s, client, node),
             Action::Timer(c) => {
                 let client = &mut s.clients[usize::from(c)];
@@ -804,7 +897,10 @@ impl LockModel {
                 self.drain(&mut s, c);
             }
             Action::Tick(t) => {
-                let late = (0..s.clients.len()).any(|c| s.clients[c].runs() && self.in_flight(&s, c));
+                let late = s.held.is_some_and(|(c, n)| {
+                    let link = &s.links[self.link(c, n)];
+                    !link.requests.is_empty() || !link.replies.is_empty()
+                });
                 s.time = t;
                 if late {
                     // A message held up across time obstructs like a cut.
@@ -866,6 +962,10 @@ impl LockModel {
                     node.keyspace.drop_connections();
                 }
             }
+            Action::Hold { client, node } => {
+                s.holds_left -= 1;
+                s.held = Some((client, node));
+            }
             Action::LoseRequest { client, node } => {
                 s.budget -= 1;
                 let l = self.link(client, node);
@@ -885,6 +985,12 @@ impl LockModel {
                 s.nodes[usize::from(n)].cut = true;
             }
             Action::Heal(n) => s.nodes[usize::from(n)].cut = false,
+        }
+        if let Some((c, n)) = s.held {
+            let link = &s.links[self.link(c, n)];
+            if link.requests.is_empty() && link.replies.is_empty() {
+                s.held = None;
+            }
         }
         self.after_step(&mut s);
         Some(s)
@@ -934,6 +1040,22 @@ impl LockModel {
                     None => format!("n{node} runs c{client}'s request"),
                 }
             }
+            Action::RoundTrip { client, node } => {
+                let l = &state.links[self.link(*client, *node)];
+                let Some(r) = l.requests.front() else {
+                    return format!("n{node} runs c{client}'s request");
+                };
+                let mut after = state.clone();
+                self.deliver(&mut after, *client, *node);
+                let reply = match after.links[self.link(*client, *node)].replies.back() {
+                    Some((_, Outcome::Reply(reply))) => reply_text(reply),
+                    _ => "no reply (unknown outcome)".to_owned(),
+                };
+                format!(
+                    "n{node} runs c{client}'s {} → {reply}",
+                    command_text(&r.command)
+                )
+            }
             Action::Receive { client, node } => {
                 let l = &state.links[self.link(*client, *node)];
                 match l.replies.front() {
@@ -957,6 +1079,9 @@ impl LockModel {
             Action::Restart(n) => format!("n{n} restarts ({})", self.cfg.fault),
             Action::Replicate => "n0's replica catches up".to_owned(),
             Action::Promote => "n0's replica is promoted".to_owned(),
+            Action::Hold { client, node } => {
+                format!("messages between c{client} and n{node} are held up")
+            }
             Action::LoseRequest { client, node } => {
                 format!("c{client}'s request to n{node} is lost")
             }

@@ -93,6 +93,9 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
             Action::Deliver { client, node } => {
                 Some((client_lane(*client), node_lane(*node), "#1f5fa8"))
             }
+            Action::RoundTrip { client, node } => {
+                Some((client_lane(*client), node_lane(*node), "#1f5fa8"))
+            }
             Action::Receive { client, node } => {
                 Some((node_lane(*node), client_lane(*client), "#2e7d32"))
             }
@@ -126,9 +129,9 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     | Action::Cut(n)
                     | Action::Heal(n) => node_lane(*n),
                     Action::Replicate | Action::Promote => node_lane(0),
-                    Action::LoseRequest { node, .. } | Action::LoseReply { node, .. } => {
-                        node_lane(*node)
-                    }
+                    Action::LoseRequest { node, .. }
+                    | Action::LoseReply { node, .. }
+                    | Action::Hold { node, .. } => node_lane(*node),
                     _ => usize::MAX,
                 };
                 let colour = match action {
@@ -139,6 +142,7 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     | Action::Promote
                     | Action::Cut(_)
                     | Action::LoseRequest { .. }
+                    | Action::Hold { .. }
                     | Action::LoseReply { .. } => "#c62828",
                     _ => "#333",
                 };
