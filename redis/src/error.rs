@@ -8,9 +8,6 @@ pub enum Error {
     /// The configuration cannot work (empty name, TTL 0, TTL too large, ...).
     #[error("bad configuration: {0}")]
     Config(#[from] ConfigError),
-    /// The protocol is in the catalogue but its machine is not in the core yet.
-    #[error("{0} is not available in this build of lockwright-core")]
-    Unsupported(ProtocolId),
     /// A lock was asked for with a semaphore protocol, or the other way round.
     #[error("{protocol} is a {actual:?}, not a {wanted:?}")]
     WrongKind {

@@ -78,17 +78,9 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Build a machine, turning the core's "not implemented yet" into a typed error.
+/// Build a machine; the core validates the configuration.
 fn build_machine(id: ProtocolId, config: &Config, token: Token) -> Result<Machine, Error> {
-    // The catalogue panics for ids whose machine is not in the core yet; it
-    // is the only way to ask, so the panic is caught and made an error.
-    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Machine::new(id, config, token)
-    }));
-    match built {
-        Ok(result) => Ok(result?),
-        Err(_) => Err(Error::Unsupported(id)),
-    }
+    Ok(Machine::new(id, config, token)?)
 }
 
 /// What a lock and a semaphore share.
@@ -312,8 +304,7 @@ impl Lock {
     /// A lock on `name` over `clients` (one node, or RedLock's masters).
     /// Fails with [`Error::Config`] for a configuration the core rejects
     /// (empty name, TTL 0 or too large, several nodes for a single-node
-    /// protocol), [`Error::WrongKind`] for a semaphore protocol and
-    /// [`Error::Unsupported`] for a protocol not in the core yet.
+    /// protocol) and [`Error::WrongKind`] for a semaphore protocol.
     pub fn new(
         clients: impl IntoIterator<Item = redis::Client>,
         name: impl Into<String>,

@@ -28,25 +28,16 @@ fn has_ttl(protocol: ProtocolId) -> bool {
     protocol != ProtocolId::SetnxDel
 }
 
-/// A lock, or `None` (with a loud message) when the core does not have the
-/// protocol's machine yet.
-fn lock_or_skip(servers: &[&RedisServer], name: &str, options: LockOptions) -> Option<Lock> {
+/// A lock over `servers`.
+fn new_lock(servers: &[&RedisServer], name: &str, options: LockOptions) -> Lock {
     let protocol = options.protocol;
     let clients: Vec<_> = servers.iter().map(|s| s.client()).collect();
-    match Lock::new(clients, name, options) {
-        Err(Error::Unsupported(_)) => {
-            eprintln!("*** SKIPPED {protocol}: its machine is not in lockwright-core yet ***");
-            None
-        }
-        other => Some(other.unwrap_or_else(|e| panic!("{protocol}: {e}"))),
-    }
+    Lock::new(clients, name, options).unwrap_or_else(|e| panic!("{protocol}: {e}"))
 }
 
 async fn acquires_excludes_releases(protocol: ProtocolId, servers: &[RedisServer]) -> bool {
     let all: Vec<&RedisServer> = servers.iter().collect();
-    let Some(lock) = lock_or_skip(&all, "orders", options(protocol, 2_000)) else {
-        return false;
-    };
+    let lock = new_lock(&all, "orders", options(protocol, 2_000));
     let guard = lock
         .try_acquire()
         .await
@@ -166,9 +157,7 @@ async fn fenced_issues_increasing_fences_and_renews_automatically() {
         auto_renew: true,
         ..options(ProtocolId::Fenced, 300)
     };
-    let Some(lock) = lock_or_skip(&[&redis], "fenced", opts) else {
-        return;
-    };
+    let lock = new_lock(&[&redis], "fenced", opts);
     let a = lock.try_acquire().await.unwrap().expect("granted");
     let fa = a.fence().expect("fenced issues a fence");
     // Renewal at TTL/3 keeps it held well past the TTL.
@@ -191,9 +180,7 @@ async fn lost_fires_when_renewal_finds_the_key_taken() {
         auto_renew: true,
         ..options(ProtocolId::Fenced, 600)
     };
-    let Some(lock) = lock_or_skip(&[&redis], "stolen", opts) else {
-        return;
-    };
+    let lock = new_lock(&[&redis], "stolen", opts);
     let guard = lock.try_acquire().await.unwrap().expect("granted");
     let mut conn = redis.conn().await;
     // Someone else overwrites the key (an operator, a buggy client).
