@@ -169,6 +169,31 @@ pub fn catalogue() -> &'static [CatalogueEntry] {
     &CATALOGUE
 }
 
+/// An application built on the catalogue's locks (not itself a lock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ApplicationEntry {
+    /// The stable id.
+    pub id: &'static str,
+    /// Where it comes from.
+    pub origin: &'static str,
+    /// The idea in one line.
+    pub idea: &'static str,
+    /// The module that implements it.
+    pub module: &'static str,
+}
+
+const APPLICATIONS: [ApplicationEntry; 1] = [ApplicationEntry {
+    id: "stampede-guard",
+    origin: "cache-stampede protection (single flight per key)",
+    idea: "on a miss one caller per key loads and fills the cache under a catalogue lock; the others wait and re-read",
+    module: "lockwright_core::stampede",
+}];
+
+/// The applications listed next to the protocols: the cache-stampede guard.
+pub fn applications() -> &'static [ApplicationEntry] {
+    &APPLICATIONS
+}
+
 impl ProtocolId {
     /// Every id, in catalogue order.
     pub fn all() -> impl Iterator<Item = ProtocolId> {
@@ -325,5 +350,6 @@ mod tests {
         assert!("nope".parse::<ProtocolId>().is_err());
         let locks = catalogue().iter().filter(|e| e.kind == Kind::Lock).count();
         assert_eq!(locks, 9);
+        assert_eq!(applications().len(), 1);
     }
 }

@@ -65,7 +65,9 @@ pub mod sim;
 pub mod stampede;
 pub mod time;
 
-pub use catalogue::{catalogue, CatalogueEntry, Kind, Machine, ProtocolId};
+pub use catalogue::{
+    applications, catalogue, ApplicationEntry, CatalogueEntry, Kind, Machine, ProtocolId,
+};
 pub use config::{Config, ConfigError};
 pub use protocol::{
     Acquire, Event, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
