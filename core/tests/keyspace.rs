@@ -1611,7 +1611,11 @@ fn a_watch_lost_to_a_restart_aborts_the_next_exec_instead_of_running_unwatched()
     ks.restart();
     ks.execute(b, t, &set("k", "theirs"));
     let tx = Command::Transaction(vec![del(&["k"])]);
-    assert_eq!(ks.execute(a, t, &tx), Reply::Nil, "the lost WATCH must abort");
+    assert_eq!(
+        ks.execute(a, t, &tx),
+        Reply::Nil,
+        "the lost WATCH must abort"
+    );
     assert_eq!(ks.execute(a, t, &get("k")), bulk("theirs"));
     // The abort ends the transaction: the connection is clean again.
     assert_eq!(ks.execute(a, t, &tx), Reply::Array(vec![Reply::Int(1)]));
