@@ -1,0 +1,793 @@
+//! Running the Redis sections in order and rendering `docs/benchmarks.md`.
+
+use crate::contention::{self, Contention, Waiter};
+use crate::market::{self, Market, Variant};
+use crate::model_run::{CellOutcome, ModelCell};
+use crate::stampede::{self, Stampede};
+use crate::throughput::{self, Contender, Point};
+use crate::util::{mean, ms, quantile, render_counts, Result};
+use crate::Settings;
+use lockwright_core::ProtocolId;
+use lockwright_redis::LockOptions;
+use lockwright_tests::RedisServer;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Task counts of section 1.
+const TASKS: [usize; 2] = [1, 16];
+
+/// One section-1 row: which contender on how many masters and tasks.
+#[derive(Clone, Debug)]
+pub(crate) struct Row {
+    /// `adapter:<protocol>`, `rslock` or `raw`.
+    pub(crate) who: String,
+    /// Masters.
+    pub(crate) masters: usize,
+    /// Tasks.
+    pub(crate) tasks: usize,
+    /// The measurement.
+    pub(crate) point: Point,
+}
+
+/// Everything measured in one run.
+#[derive(Debug)]
+pub(crate) struct Report {
+    settings: Settings,
+    rows: Vec<Row>,
+    contention: Vec<(String, Contention)>,
+    market_options: String,
+    market: Vec<(Variant, usize, usize, Market)>,
+    stampede: Vec<(bool, Stampede)>,
+    /// The model section, when it ran.
+    pub(crate) model: Option<Vec<ModelCell>>,
+    /// Checker threads.
+    pub(crate) model_threads: usize,
+    /// The whole run.
+    pub(crate) wall: Duration,
+}
+
+impl Report {
+    /// An empty report.
+    pub(crate) fn new(settings: Settings) -> Report {
+        Report {
+            settings,
+            rows: Vec::new(),
+            contention: Vec::new(),
+            market_options: String::new(),
+            market: Vec::new(),
+            stampede: Vec::new(),
+            model: None,
+            model_threads: 0,
+            wall: Duration::ZERO,
+        }
+    }
+
+    fn row(&self, who: &str, masters: usize, tasks: usize) -> Option<&Point> {
+        self.rows
+            .iter()
+            .find(|r| r.who == who && r.masters == masters && r.tasks == tasks)
+            .map(|r| &r.point)
+    }
+}
+
+async fn admins(servers: &[RedisServer]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut out = Vec::new();
+    for s in servers {
+        out.push(s.conn().await);
+    }
+    out
+}
+
+/// Sections 1–4, against `masters` (5 servers; more are started for 2–4).
+pub(crate) async fn run_redis_sections(
+    settings: &Settings,
+    masters: &[RedisServer],
+    report: &mut Report,
+) -> Result<()> {
+    let (warmup, window) = (settings.warmup, settings.window);
+    // Section 1.
+    let configs: [(&str, Option<ProtocolId>, usize); 9] = [
+        ("adapter:set-px-lua", Some(ProtocolId::SetPxLua), 1),
+        ("adapter:fenced", Some(ProtocolId::Fenced), 1),
+        ("adapter:reentrant", Some(ProtocolId::Reentrant), 1),
+        ("adapter:redlock", Some(ProtocolId::Redlock), 3),
+        ("adapter:redlock", Some(ProtocolId::Redlock), 5),
+        ("rslock", None, 1),
+        ("rslock", None, 3),
+        ("rslock", None, 5),
+        ("raw", None, 1),
+    ];
+    let mut all: Vec<(&str, Option<ProtocolId>, usize)> = configs.to_vec();
+    all.push(("raw", None, 3));
+    all.push(("raw", None, 5));
+    eprintln!(
+        "[1/4] lock+unlock cycles/s ({} points, {:.1} s each)",
+        all.len() * TASKS.len(),
+        window.as_secs_f64()
+    );
+    for (who, protocol, n) in all {
+        let servers = &masters[..n];
+        let clients: Vec<redis::Client> = servers.iter().map(RedisServer::client).collect();
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let mut admin = admins(servers).await;
+        for tasks in TASKS {
+            let contender = match (who, protocol) {
+                (_, Some(p)) => Contender::adapter(p, &clients, tasks)?,
+                ("rslock", None) => Contender::rslock(&urls, tasks)?,
+                _ => Contender::raw(&clients, tasks).await?,
+            };
+            let point =
+                throughput::measure(&mut admin, Arc::new(contender), tasks, warmup, window).await?;
+            eprintln!(
+                "  {who:<20} {n} master(s) {tasks:>2} task(s): {:>8.0} cycles/s, {:.2} commands and {:.2} connections per cycle",
+                point.per_sec, point.commands_per_cycle, point.connections_per_cycle
+            );
+            report.rows.push(Row {
+                who: who.to_owned(),
+                masters: n,
+                tasks,
+                point,
+            });
+        }
+    }
+
+    // Section 2, on a server of its own.
+    eprintln!(
+        "[2/4] contention: {} waiters, {} ms hold, {:.1} s per configuration",
+        contention::WAITERS,
+        contention::HOLD.as_millis(),
+        settings.contention_window.as_secs_f64()
+    );
+    let server =
+        RedisServer::start().map_err(|e| crate::util::BenchError::new("redis-server", e))?;
+    let client = server.client();
+    let mut stats = server.conn().await;
+    let configs: Vec<(String, Waiter)> = vec![
+        (
+            "adapter, wake-on-release (notify: true)".into(),
+            Waiter::adapter(&client, "contended-notify", |o| o.notify = true)?,
+        ),
+        (
+            "adapter, polling (defaults: retry 10–200 ms)".into(),
+            Waiter::adapter(&client, "contended-poll", |_| {})?,
+        ),
+        (
+            "adapter, polling (retry 1 ms)".into(),
+            Waiter::adapter(&client, "contended-poll1", |o| {
+                o.retry_base = Duration::from_millis(1);
+                o.retry_max = Duration::from_millis(1);
+            })?,
+        ),
+        (
+            "rslock acquire (defaults: 3 tries, 0–200 ms apart)".into(),
+            Waiter::Rslock(rslock::LockManager::new(vec![server.url()])),
+        ),
+    ];
+    for (i, (label, waiter)) in configs.into_iter().enumerate() {
+        let c = contention::measure(
+            Arc::new(waiter),
+            &format!("rs-contended-{i}"),
+            &mut stats,
+            warmup,
+            settings.contention_window,
+        )
+        .await?;
+        eprintln!(
+            "  {label:<52} {:>6.0} acq/s, handoff p50 {} ms p99 {} ms (to another waiter p50 {} ms; {} of {} re-acquired by the releaser), {:.2} commands/acq",
+            c.per_sec,
+            ms(quantile(&c.handoffs, 0.5)),
+            ms(quantile(&c.handoffs, 0.99)),
+            ms(quantile(&c.handoffs_other, 0.5)),
+            c.same_task,
+            c.handoffs.len(),
+            c.commands_per_acquisition
+        );
+        report.contention.push((label, c));
+    }
+    drop(stats);
+    drop(server);
+
+    // Section 3.
+    eprintln!(
+        "[3/4] marketplace: 3 variants × 3 mixes, {:.1} s each",
+        settings.market_window.as_secs_f64()
+    );
+    let server =
+        RedisServer::start().map_err(|e| crate::util::BenchError::new("redis-server", e))?;
+    let client = server.client();
+    // The book's `acquire_lock` retries every millisecond: the same here.
+    let options = LockOptions {
+        retry_base: Duration::from_millis(1),
+        retry_max: Duration::from_millis(1),
+        ..LockOptions::new(ProtocolId::SetPxLua, throughput::TTL)
+    };
+    report.market_options = "`set-px-lua`, TTL 10 s, polling every 1 ms as the book's \
+        `acquire_lock` does (`retry_base` = `retry_max` = 1 ms), other options default"
+        .into();
+    for variant in Variant::ALL {
+        for (listers, buyers) in [(1, 1), (5, 1), (5, 5)] {
+            let m = market::run(
+                &client,
+                variant,
+                listers,
+                buyers,
+                settings.market_window,
+                options.clone(),
+            )
+            .await?;
+            eprintln!(
+                "  {:<15} {listers}L/{buyers}B: listed {:>7}, bought {:>7}, retries {:>7}, missed {:>5}",
+                variant.label(),
+                m.listed,
+                m.bought,
+                m.purchase_retries,
+                m.missed
+            );
+            report.market.push((variant, listers, buyers, m));
+        }
+    }
+    drop(server);
+
+    // Section 4.
+    eprintln!(
+        "[4/4] cache stampede: {} readers, {} rounds, {} ms loader",
+        settings.stampede_readers,
+        settings.stampede_rounds,
+        stampede::LOAD.as_millis()
+    );
+    let server =
+        RedisServer::start().map_err(|e| crate::util::BenchError::new("redis-server", e))?;
+    let client = server.client();
+    for guarded in [false, true] {
+        let s = stampede::run(
+            &client,
+            guarded,
+            settings.stampede_readers,
+            settings.stampede_rounds,
+        )
+        .await?;
+        eprintln!(
+            "  {:<28} loader calls {:>4}, p99 read {} ms",
+            if guarded {
+                "Cache::get_or_load"
+            } else {
+                "naive get-miss-load-set"
+            },
+            s.loader_calls,
+            ms(quantile(&s.latencies, 0.99))
+        );
+        report.stampede.push((guarded, s));
+    }
+    Ok(())
+}
+
+fn command_output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| format!("({program} not found)"))
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `name version` of the packages in Cargo.lock called `name`.
+fn locked_versions(name: &str) -> Vec<String> {
+    let lock =
+        std::fs::read_to_string(crate::workspace_root().join("Cargo.lock")).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut lines = lock.lines();
+    while let Some(l) = lines.next() {
+        if l == format!("name = \"{name}\"") {
+            if let Some(v) = lines.next().and_then(|v| v.strip_prefix("version = ")) {
+                out.push(v.trim_matches('"').to_owned());
+            }
+        }
+    }
+    out
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
+impl Report {
+    /// The Markdown report.
+    pub(crate) fn render(&self) -> String {
+        let mut o = String::new();
+        let s = &self.settings;
+        let _ = writeln!(o, "# Benchmarks\n");
+        let _ = writeln!(
+            o,
+            "Generated by `{}` on {} in {:.0} s of wall time. Every figure below was measured in that \
+             one run; rerun the command to regenerate this file (it starts its own `redis-server` \
+             processes on free loopback ports and stops them at the end; `--quick` runs short windows \
+             in about 30 s and writes `target/benchmarks-quick.md` instead).\n",
+            s.command,
+            command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+            self.wall.as_secs_f64()
+        );
+        if s.quick {
+            let _ = writeln!(
+                o,
+                "**Quick mode**: windows of {:.1} s, noisier than the default run.\n",
+                s.window.as_secs_f64()
+            );
+        }
+        let _ = writeln!(o, "## Machine and versions\n");
+        let _ = writeln!(
+            o,
+            "| | |\n|---|---|\n| CPUs (`nproc`) | {} |\n| CPU | {} |\n| kernel | {} |\n| rustc | {} |\n| redis-server | {} |\n| redis (crate, adapter and raw loop) | {} |\n| rslock | {} (on redis {}) |\n| tokio | {} |\n| stateright | {} |\n| lockwright-* | {} |\n",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model(),
+            command_output("uname", &["-sr"]),
+            command_output("rustc", &["--version"]),
+            command_output("redis-server", &["--version"]),
+            locked_versions("redis").first().cloned().unwrap_or_default(),
+            locked_versions("rslock").join(", "),
+            locked_versions("redis").get(1).cloned().unwrap_or_default(),
+            locked_versions("tokio").join(", "),
+            locked_versions("stateright").join(", "),
+            env!("CARGO_PKG_VERSION"),
+        );
+        let _ = writeln!(
+            o,
+            "The client (the bench, on a tokio multi-thread runtime with one worker per CPU) and every \
+             `redis-server` share these CPUs, over loopback; absolute figures therefore say little \
+             about a production deployment, so comparisons are given as ratios measured side by side \
+             in the same run.\n"
+        );
+        self.render_throughput(&mut o);
+        self.render_contention(&mut o);
+        self.render_market(&mut o);
+        self.render_stampede(&mut o);
+        self.render_model(&mut o);
+        o
+    }
+
+    fn render_throughput(&self, o: &mut String) {
+        let s = &self.settings;
+        let _ = writeln!(o, "## 1. Lock+unlock cycles per second\n");
+        let _ = writeln!(
+            o,
+            "Each task locks and unlocks a name of its own in a loop (no contention; that is section 2), \
+             TTL 10 s, for {:.1} s after a {:.1} s warm-up. **adapter** is `lockwright_redis::Lock` \
+             (`acquire()` then `guard.release()`, default `LockOptions`); **rslock** is \
+             `rslock::LockManager::lock` then `unlock`, one manager shared by the tasks; **raw** is a \
+             redis-rs loop of `SET key token NX PX` then `EVALSHA` compare-and-delete on one shared \
+             multiplexed connection per master (on several masters: each step sent to all masters in \
+             parallel), the two round trips a correct lease lock needs. Commands and new connections \
+             per cycle are summed over the masters (from `INFO commandstats` and \
+             `total_connections_received` deltas over the window).\n",
+            s.window.as_secs_f64(),
+            s.warmup.as_secs_f64()
+        );
+        let _ = writeln!(
+            o,
+            "| protocol | masters | tasks | adapter cycles/s | rslock cycles/s | raw cycles/s | adapter ÷ rslock | adapter ÷ raw | adapter commands/cycle | adapter connections/cycle |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let mut targets = Vec::new();
+        for row in self.rows.iter().filter(|r| r.who.starts_with("adapter:")) {
+            let protocol = row.who.trim_start_matches("adapter:");
+            let (Some(rs), Some(raw)) = (
+                self.row("rslock", row.masters, row.tasks),
+                self.row("raw", row.masters, row.tasks),
+            ) else {
+                continue;
+            };
+            let p = &row.point;
+            let (vs_rs, vs_raw) = (ratio(p.per_sec, rs.per_sec), ratio(p.per_sec, raw.per_sec));
+            let _ = writeln!(
+                o,
+                "| {protocol} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.1} | {:.2} |",
+                row.masters, row.tasks, p.per_sec, rs.per_sec, raw.per_sec, vs_rs, vs_raw,
+                p.commands_per_cycle, p.connections_per_cycle
+            );
+            let want_rs = if row.tasks == 1 { 1.0 } else { 1.5 };
+            targets.push(format!(
+                "| {protocol}, {} master(s), {} task(s) | ≥ {want_rs:.1}× rslock | {:.2}× | {} |",
+                row.masters,
+                row.tasks,
+                vs_rs,
+                verdict(vs_rs >= want_rs)
+            ));
+            targets.push(format!(
+                "| {protocol}, {} master(s), {} task(s) | ≥ 0.9× raw | {:.2}× | {} |",
+                row.masters,
+                row.tasks,
+                vs_raw,
+                verdict(vs_raw >= 0.9)
+            ));
+            if protocol == "redlock" && row.masters == 5 && row.tasks == 16 {
+                targets.push(format!(
+                    "| redlock, 5 masters, 16 tasks | ≥ 2× rslock | {vs_rs:.2}× | {} |",
+                    verdict(vs_rs >= 2.0)
+                ));
+            }
+        }
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "Commands per cycle by contender (all masters together):\n"
+        );
+        let _ = writeln!(
+            o,
+            "| contender | masters | tasks | commands/cycle | connections/cycle | by command |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---|");
+        for row in &self.rows {
+            let p = &row.point;
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {:.2} | {:.2} | {} |",
+                row.who,
+                row.masters,
+                row.tasks,
+                p.commands_per_cycle,
+                p.connections_per_cycle,
+                render_counts(&p.commands, p.cycles.max(1) as f64)
+            );
+        }
+        let anomalies: u64 = self.rows.iter().map(|r| r.point.anomalies).sum();
+        let _ = writeln!(
+            o,
+            "\nCycles in which the lock was found not held at release: {anomalies} (expected 0).\n"
+        );
+        let _ = writeln!(o, "### Targets\n");
+        let _ = writeln!(o, "| point | target | measured | |\n|---|---|---:|---|");
+        for t in &targets {
+            let _ = writeln!(o, "{t}");
+        }
+        let missed = targets.iter().filter(|t| t.contains("missed")).count();
+        let _ = writeln!(o, "\n{missed} of {} targets missed.\n", targets.len());
+        let conns = self
+            .rows
+            .iter()
+            .filter(|r| r.who.starts_with("adapter:"))
+            .map(|r| r.point.connections_per_cycle)
+            .fold(0.0f64, f64::max);
+        let raw_cmds = self.row("raw", 1, 1).map_or(0.0, |p| p.commands_per_cycle);
+        let adapter_cmds = self
+            .row("adapter:set-px-lua", 1, 1)
+            .map_or(0.0, |p| p.commands_per_cycle);
+        let _ = writeln!(
+            o,
+            "**Why, where a target is missed.** Not the protocol's commands: the adapter's \
+             set-px-lua cycle sends the same two requests as the raw loop (`SET NX PX`, then \
+             `EVALSHA` of the compare-and-delete; `INFO commandstats` also counts the commands run \
+             inside a script, hence GET and DEL), plus one `PUBLISH` inside its release script for \
+             wake-on-release: {adapter_cmds:.1} commands per cycle against the raw loop's \
+             {raw_cmds:.1}. The difference is connections: the adapter opened up to {conns:.2} new \
+             connections per cycle (one per master per acquire), rslock and the raw loop none after \
+             warm-up. `Lock::acquire_driven` spawns a driver task and one worker task per node for \
+             every hold, and each worker connects before its first request (the driver module's \
+             design: a connection dedicated to one machine, because WATCH/MULTI state is per \
+             connection). A connect costs extra round trips and accept/close work in `redis-server`; \
+             at 16 tasks on two shared CPUs that work, not the two protocol round trips, bounds the \
+             rate, and RedLock multiplies it by the number of masters. (At 1 task the figures of all \
+             three contenders move by tens of percent between runs on this machine; the 16-task \
+             gaps are an order of magnitude.)\n"
+        );
+        let _ = writeln!(
+            o,
+            "Suggestions for `redis/` (not changed here; its owner decides):\n\n\
+             1. Keep one multiplexed connection per node in the `Lock` (in `Shared`, created lazily \
+             and reconnected on error) and hand clones to each hold's node worker, for every protocol \
+             whose requests are single commands or scripts; only the protocols that use WATCH \
+             (`set-px-watch`, `watch-semaphore`) need a connection of their own per hold, and those \
+             could come from a small pool. `MULTI … EXEC` sent as one pipeline (as the wire module \
+             already does) is safe on a shared multiplexed connection.\n\
+             2. Do the same in `Cache::get_or_load`, which spawns a `node_worker` (and so connects) \
+             per call, and in `acquire_notified`, which opens a pub/sub connection and a `PTTL` probe \
+             connection per waiting acquire: one shared pub/sub subscription per `Lock`, fanned out \
+             to waiters through a `tokio::sync::broadcast`/`Notify`, would remove both.\n\
+             3. With connections shared, the per-hold driver task and per-node worker tasks could run \
+             the machine inline in the `acquire` future for the common one-node case, leaving the \
+             spawned driver for holds that renew (reentrant, fenced with `auto_renew`) or for cleanup \
+             after a dropped guard.\n"
+        );
+    }
+
+    fn render_contention(&self, o: &mut String) {
+        let _ = writeln!(
+            o,
+            "## 2. Contention: {} waiters, {} ms hold\n",
+            contention::WAITERS,
+            contention::HOLD.as_millis()
+        );
+        let _ = writeln!(
+            o,
+            "{} tasks loop on one `set-px-lua` lock (TTL 10 s): acquire, sleep 1 ms (tokio's timer, \
+             so the measured hold is a little longer), release. **Handoff** is the time from the \
+             holder calling `release` to the next `acquire` returning, whoever gets it (it includes \
+             the release's own round trip). Commands per acquisition are every command the server \
+             counted over the {:.1} s window (`INFO commandstats` after `CONFIG RESETSTAT`) divided \
+             by the acquisitions in it. Targets: handoff p50 ≤ 1 ms; ≤ 4 commands per acquisition.\n",
+            contention::WAITERS,
+            self.settings.contention_window.as_secs_f64()
+        );
+        let _ = writeln!(o, "| configuration | acquisitions/s | mean hold ms | handoff p50 ms | handoff p99 ms | to another waiter: p50 ms | p99 ms | re-acquired by the releaser | commands/acquisition | p50 ≤ 1 ms | ≤ 4 commands | commands by name (per acquisition) |");
+        let _ = writeln!(
+            o,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
+        );
+        for (label, c) in &self.contention {
+            let p50 = quantile(&c.handoffs, 0.5);
+            let _ = writeln!(
+                o,
+                "| {label} | {:.0} | {} | {} | {} | {} | {} | {:.0} % | {:.2} | {} | {} | {} |",
+                c.per_sec,
+                ms(c.mean_hold),
+                ms(p50),
+                ms(quantile(&c.handoffs, 0.99)),
+                ms(quantile(&c.handoffs_other, 0.5)),
+                ms(quantile(&c.handoffs_other, 0.99)),
+                100.0 * c.same_task as f64 / c.handoffs.len().max(1) as f64,
+                c.commands_per_acquisition,
+                verdict(p50 <= Duration::from_millis(1)),
+                verdict(c.commands_per_acquisition <= 4.0),
+                render_counts(&c.commands, c.acquisitions.max(1) as f64)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nReading the table: `INFO commandstats` counts the commands run inside scripts, so even an \
+             uncontended set-px-lua cycle counts 5 (SET, EVALSHA, and GET, DEL, PUBLISH inside the \
+             release script) in two round trips, and rslock's 4 per try: measured this way the floor of \
+             a Lua compare-and-delete lock is 4, so the ≤ 4 target leaves no room for a single denied \
+             attempt, and the adapter's release `PUBLISH` alone puts it at 5. Polling lets the releasing task, which loops straight \
+             back into `acquire`, win again at once while the others sleep their retry delay (see the \
+             re-acquired column): the handoff is short but unfair. Wake-on-release tries once per \
+             notification, but each release is published to every waiter and every waiter tries \
+             (`SET NX PX`, one wins), and each denied waiter also asks `PTTL` for its fallback; \
+             each attempt is a new hold with a new connection (section 1) and each waiting acquire \
+             opens its own pub/sub connection. A shared subscription per `Lock` that wakes one \
+             waiter (or a FIFO of waiters) per release would bring this to the SET + EVALSHA floor.\n"
+        );
+    }
+
+    fn render_market(&self, o: &mut String) {
+        let _ = writeln!(o, "## 3. The \"Redis in Action\" marketplace\n");
+        let _ = writeln!(
+            o,
+            "Chapters 4.4 and 6.2: sellers put a new item in their inventory and list it (move it to \
+             the `market:` ZSET); buyers pick a random listed item (`ZRANDMEMBER`) and buy it (price \
+             from seller to buyer, item to the buyer's inventory, delisted). Each mix runs for {:.1} s \
+             (the book: 60 s; the issue: 10 s; shortened to keep the whole run near three minutes). \
+             **WATCH/MULTI** is the book's `list_item`/`purchase_item` with the redis crate directly \
+             (WATCH the inventory, or the market and the buyer; retry when EXEC aborts). The lock \
+             variants run the same reads and the same MULTI/EXEC without WATCH inside a lock of the \
+             adapter: one lock named `market:` for everything, or one lock per item \
+             (`market:<item>.<seller>`, the book's fine-grained locking). Lock options: {}. \
+             *Retries* counts WATCH aborts of purchases (listing aborts in parentheses); the lock \
+             variants wait inside `acquire` instead and have none. *Missed* counts purchases that \
+             found the item sold already. Latencies are means per completed operation, including \
+             retries and lock waits.\n",
+            self.settings.market_window.as_secs_f64(),
+            self.market_options
+        );
+        let _ = writeln!(o, "| variant | listers | buyers | listed | bought | purchase retries (list) | missed | mean list ms | mean purchase ms |");
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (v, l, b, m) in &self.market {
+            let _ = writeln!(
+                o,
+                "| {} | {l} | {b} | {} | {} | {} ({}) | {} | {} | {} |",
+                v.label(),
+                m.listed,
+                m.bought,
+                m.purchase_retries,
+                m.list_retries,
+                m.missed,
+                ms(mean(&m.list_latency)),
+                ms(mean(&m.buy_latency))
+            );
+        }
+        let bought = |v: Variant| {
+            self.market
+                .iter()
+                .find(|(x, l, b, _)| *x == v && *l == 5 && *b == 5)
+                .map_or(0, |(_, _, _, m)| m.bought)
+        };
+        let (w, ml, il) = (
+            bought(Variant::Watch),
+            bought(Variant::MarketLock),
+            bought(Variant::ItemLock),
+        );
+        let best = ml.max(il);
+        let reproduces = best as f64 >= 2.0 * w as f64;
+        let _ = writeln!(
+            o,
+            "\nThe book (table 6.1 against 6.2 and 6.3) reports that under contention (5 listers, \
+             5 buyers) the WATCH version completes only a small fraction of the purchases the locked \
+             versions complete, spending its time in retries, and that fine-grained locks do best. \
+             Here, with 5 listers and 5 buyers: WATCH bought {w}, the market lock {ml}, per-item \
+             locks {il}. **{}**\n",
+            if reproduces {
+                format!(
+                    "This reproduces the book's claim: the best lock variant completes {:.1}× the WATCH \
+                     variant's purchases.",
+                    ratio(best as f64, w.max(1) as f64)
+                )
+            } else {
+                format!(
+                    "This does not reproduce the book's claim (best lock variant {:.2}× WATCH). \
+                     Likely reasons: Redis on loopback answers in tens of microseconds, so a WATCH \
+                     window is short and conflicts are rarer than over the book's network and Python \
+                     client; and the adapter's per-hold connection set-up (section 1) makes every \
+                     locked operation cost several round trips more than the book's lock.",
+                    ratio(best as f64, w.max(1) as f64)
+                )
+            }
+        );
+    }
+
+    fn render_stampede(&self, o: &mut String) {
+        let _ = writeln!(o, "## 4. The cache-stampede guard\n");
+        let _ = writeln!(
+            o,
+            "{} readers read one absent (expired) key at the same instant; the loader sleeps {} ms. \
+             *Naive* is `GET`, and on a miss load then `SET … PX`; *guarded* is \
+             `Cache::get_or_load` (default `CacheOptions`: `set-px-lua` per key, re-read every 10 ms). \
+             {} rounds, the key and the lock gone before each.\n",
+            self.settings.stampede_readers,
+            stampede::LOAD.as_millis(),
+            self.settings.stampede_rounds
+        );
+        let _ = writeln!(
+            o,
+            "| reader | loader calls | per round | read p50 ms | read p99 ms | max ms | errors |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|");
+        for (guarded, s) in &self.stampede {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.1} | {} | {} | {} | {} |",
+                if *guarded {
+                    "guarded (`Cache::get_or_load`)"
+                } else {
+                    "naive get-miss-load-set"
+                },
+                s.loader_calls,
+                s.loader_calls as f64 / self.settings.stampede_rounds.max(1) as f64,
+                ms(quantile(&s.latencies, 0.5)),
+                ms(quantile(&s.latencies, 0.99)),
+                ms(quantile(&s.latencies, 1.0)),
+                s.errors
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nThe guard's price is latency: waiters see the load time plus up to one re-read \
+             interval (and the per-call connection set-up of `get_or_load`); its gain is that the \
+             database behind the loader sees one load per expiry instead of one per reader.\n"
+        );
+    }
+
+    fn render_model(&self, o: &mut String) {
+        let _ = writeln!(o, "## 5. Model checking\n");
+        let Some(cells) = &self.model else {
+            let _ = writeln!(
+                o,
+                "Not run (`--quick` or `--no-model`; pass `--model` to include it).\n"
+            );
+            return;
+        };
+        let _ = writeln!(
+            o,
+            "`lockwright_model::matrix::check` (breadth-first, {} checker threads, no trace \
+             shortening) for every catalogue protocol under each of the nine matrix columns, each \
+             (protocol, fault) run in a child process capped at {} s; a run over the cap is stopped \
+             and listed as skipped (raise the cap with `--model-cap SECS`). The verdicts themselves \
+             are the `lockwright check` command's business (docs of `model/`); this section reports \
+             cost only.\n",
+            self.model_threads,
+            self.settings.model_cap.as_secs()
+        );
+        let mut per: BTreeMap<&str, (u64, f64, usize, usize)> = BTreeMap::new();
+        let (mut states, mut secs, mut done, mut skipped) = (0u64, 0f64, 0usize, Vec::new());
+        let (mut generated, mut violated) = (0u64, 0u64);
+        let mut failed = Vec::new();
+        for c in cells {
+            let e = per.entry(c.protocol.as_str()).or_default();
+            match &c.outcome {
+                CellOutcome::Done {
+                    states: st,
+                    seconds,
+                    generated: g,
+                    violated: v,
+                } => {
+                    generated += g;
+                    violated += u64::from(*v);
+                    e.0 += st;
+                    e.1 += seconds;
+                    e.2 += 1;
+                    states += st;
+                    secs += seconds;
+                    done += 1;
+                }
+                CellOutcome::Skipped(d) => {
+                    e.3 += 1;
+                    skipped.push(format!(
+                        "{} × {} (stopped after {:.0} s)",
+                        c.protocol,
+                        c.fault,
+                        d.as_secs_f64()
+                    ));
+                }
+                CellOutcome::Failed(err) => {
+                    failed.push(format!("{} × {}: {err}", c.protocol, c.fault))
+                }
+            }
+        }
+        let _ = writeln!(
+            o,
+            "| protocol | runs done | skipped | unique states | seconds | states/s |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|");
+        let order: Vec<&str> =
+            cells
+                .iter()
+                .map(|c| c.protocol.as_str())
+                .fold(Vec::new(), |mut v, p| {
+                    if !v.contains(&p) {
+                        v.push(p);
+                    }
+                    v
+                });
+        for p in order {
+            if let Some((st, s, d, sk)) = per.get(p) {
+                let _ = writeln!(
+                    o,
+                    "| {p} | {d} | {sk} | {st} | {s:.2} | {:.0} |",
+                    ratio(*st as f64, *s)
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "| **all** | {done} | {} | {states} | {secs:.2} | {:.0} |",
+            skipped.len(),
+            ratio(states as f64, secs)
+        );
+        let _ = writeln!(
+            o,
+            "\nOver the runs that finished: {states} unique states ({generated} generated) in \
+             {secs:.1} s of checker time, {:.0} unique states/s; {violated} (protocol, fault, \
+             property) cells violated.\n",
+            ratio(states as f64, secs)
+        );
+        if !skipped.is_empty() {
+            let _ = writeln!(o, "Skipped at the cap: {}.\n", skipped.join("; "));
+        }
+        if !failed.is_empty() {
+            let _ = writeln!(o, "Failed: {}.\n", failed.join("; "));
+        }
+    }
+}

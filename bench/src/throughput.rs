@@ -1,0 +1,261 @@
+//! Section 1: uncontended lock+unlock cycles per second.
+//!
+//! Every task locks a name of its own (no contention: that is section 2),
+//! acquires, releases, and counts the cycle. Three contenders per point:
+//! the adapter's [`Lock`], rslock's `LockManager` (one manager shared by the
+//! tasks, as its docs use it) and a raw redis-rs loop of `SET NX PX` then
+//! `EVALSHA` compare-and-delete on one shared multiplexed connection per
+//! master: the two round trips any correct lease lock needs.
+
+use crate::util::{self, BenchError, Result};
+use futures_util::future::join_all;
+use lockwright_core::ProtocolId;
+use lockwright_redis::{Lock, LockOptions};
+use redis::aio::MultiplexedConnection;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The lease of every contender.
+pub(crate) const TTL: Duration = Duration::from_secs(10);
+
+/// The compare-and-delete of the raw loop (the same text as rslock's).
+const UNLOCK_SCRIPT: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+    return redis.call("del", KEYS[1])
+else
+    return 0
+end"#;
+
+/// One way of taking and giving back a lock.
+pub(crate) enum Contender {
+    /// The adapter: one [`Lock`] per task.
+    Adapter(Vec<Lock>),
+    /// rslock: one manager, one resource name per task.
+    Rslock {
+        manager: rslock::LockManager,
+        keys: Vec<String>,
+    },
+    /// SET NX PX + EVALSHA, in parallel on every master.
+    Raw {
+        conns: Vec<MultiplexedConnection>,
+        sha: String,
+        keys: Vec<String>,
+    },
+}
+
+impl Contender {
+    /// The adapter running `protocol` over `clients`, one lock per task.
+    pub(crate) fn adapter(
+        protocol: ProtocolId,
+        clients: &[redis::Client],
+        tasks: usize,
+    ) -> Result<Contender> {
+        let locks = (0..tasks)
+            .map(|t| {
+                Lock::new(
+                    clients.to_vec(),
+                    format!("tp:{protocol}:{}:{t}", clients.len()),
+                    LockOptions::new(protocol, TTL),
+                )
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Contender::Adapter(locks))
+    }
+
+    /// rslock over `urls`.
+    pub(crate) fn rslock(urls: &[String], tasks: usize) -> Result<Contender> {
+        Ok(Contender::Rslock {
+            manager: rslock::LockManager::new(urls.to_vec()),
+            keys: (0..tasks)
+                .map(|t| format!("rs:{}:{t}", urls.len()))
+                .collect(),
+        })
+    }
+
+    /// The raw loop over `clients`: loads the script on every master.
+    pub(crate) async fn raw(clients: &[redis::Client], tasks: usize) -> Result<Contender> {
+        let mut conns = Vec::new();
+        let mut sha = String::new();
+        for client in clients {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            sha = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(UNLOCK_SCRIPT)
+                .query_async(&mut conn)
+                .await?;
+            conns.push(conn);
+        }
+        Ok(Contender::Raw {
+            conns,
+            sha,
+            keys: (0..tasks)
+                .map(|t| format!("raw:{}:{t}", clients.len()))
+                .collect(),
+        })
+    }
+
+    /// One lock+unlock cycle of task `task`; `false` when the lock was not
+    /// held through the cycle (never expected: nobody else uses the name).
+    async fn cycle(&self, task: usize, seq: u64) -> Result<bool> {
+        match self {
+            Contender::Adapter(locks) => {
+                let lock = locks
+                    .get(task)
+                    .ok_or_else(|| BenchError("no lock for the task".into()))?;
+                let guard = lock.acquire().await?;
+                Ok(guard.release().await?)
+            }
+            Contender::Rslock { manager, keys } => {
+                let key = keys
+                    .get(task)
+                    .ok_or_else(|| BenchError("no key for the task".into()))?;
+                let lock = manager.lock(key.as_str(), TTL).await?;
+                manager.unlock(&lock).await;
+                Ok(true)
+            }
+            Contender::Raw { conns, sha, keys } => {
+                let key = keys
+                    .get(task)
+                    .ok_or_else(|| BenchError("no key for the task".into()))?;
+                let token = format!("{task}:{seq}");
+                let ttl_ms = u64::try_from(TTL.as_millis()).unwrap_or(u64::MAX);
+                let granted = join_all(conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    let (key, token) = (key.clone(), token.clone());
+                    async move {
+                        redis::cmd("SET")
+                            .arg(key)
+                            .arg(token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(ttl_ms)
+                            .query_async::<Option<String>>(&mut c)
+                            .await
+                    }
+                }))
+                .await
+                .into_iter()
+                .filter(|r| matches!(r, Ok(Some(_))))
+                .count();
+                let released = join_all(conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    let (key, token) = (key.clone(), token.clone());
+                    async move {
+                        redis::cmd("EVALSHA")
+                            .arg(sha)
+                            .arg(1)
+                            .arg(key)
+                            .arg(token)
+                            .query_async::<i64>(&mut c)
+                            .await
+                    }
+                }))
+                .await;
+                for r in released {
+                    r?;
+                }
+                Ok(granted > conns.len() / 2)
+            }
+        }
+    }
+}
+
+/// One measured point.
+#[derive(Clone, Debug)]
+pub(crate) struct Point {
+    /// Cycles completed inside the window.
+    pub(crate) cycles: u64,
+    /// Cycles per second.
+    pub(crate) per_sec: f64,
+    /// Cycles in which the lock turned out not to be held (expected 0).
+    pub(crate) anomalies: u64,
+    /// Redis commands per cycle, summed over the masters.
+    pub(crate) commands_per_cycle: f64,
+    /// New client connections per cycle, summed over the masters.
+    pub(crate) connections_per_cycle: f64,
+    /// Commands per cycle by name.
+    pub(crate) commands: BTreeMap<String, u64>,
+}
+
+/// `total_connections_received` of `INFO stats`.
+async fn connections_received(conn: &mut MultiplexedConnection) -> Result<u64> {
+    let info: String = redis::cmd("INFO").arg("stats").query_async(conn).await?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0))
+}
+
+/// Run `tasks` tasks of `contender` for `warmup`, then count cycles (and the
+/// commands and connections the servers behind `admins` saw) for `window`.
+pub(crate) async fn measure(
+    admins: &mut [MultiplexedConnection],
+    contender: Arc<Contender>,
+    tasks: usize,
+    warmup: Duration,
+    window: Duration,
+) -> Result<Point> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let anomalies = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let (contender, stop, cycles, anomalies) = (
+            contender.clone(),
+            stop.clone(),
+            cycles.clone(),
+            anomalies.clone(),
+        );
+        handles.push(tokio::spawn(async move {
+            let mut seq = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                if !contender.cycle(task, seq).await? {
+                    anomalies.fetch_add(1, Ordering::Relaxed);
+                }
+                cycles.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), BenchError>(())
+        }));
+    }
+    tokio::time::sleep(warmup).await;
+    let mut conns0 = 0;
+    for admin in admins.iter_mut() {
+        util::reset_stats(admin).await?;
+        conns0 += connections_received(admin).await?;
+    }
+    let (c0, a0, t0) = (
+        cycles.load(Ordering::Relaxed),
+        anomalies.load(Ordering::Relaxed),
+        Instant::now(),
+    );
+    tokio::time::sleep(window).await;
+    let (c1, a1, elapsed) = (
+        cycles.load(Ordering::Relaxed),
+        anomalies.load(Ordering::Relaxed),
+        t0.elapsed(),
+    );
+    let mut commands: BTreeMap<String, u64> = BTreeMap::new();
+    let mut conns1 = 0;
+    for admin in admins.iter_mut() {
+        for (name, n) in util::command_counts(admin).await? {
+            *commands.entry(name).or_default() += n;
+        }
+        conns1 += connections_received(admin).await?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await??;
+    }
+    let done = c1 - c0;
+    Ok(Point {
+        cycles: done,
+        per_sec: done as f64 / elapsed.as_secs_f64(),
+        anomalies: a1 - a0,
+        commands_per_cycle: commands.values().sum::<u64>() as f64 / done.max(1) as f64,
+        connections_per_cycle: conns1.saturating_sub(conns0) as f64 / done.max(1) as f64,
+        commands,
+    })
+}
