@@ -326,6 +326,61 @@ impl<const N: usize> Timers<N> {
     }
 }
 
+/// Implements [`Protocol`] for a newtype by handing every call to its field
+/// `$field` (a machine with the same inherent methods).
+macro_rules! delegate_protocol {
+    ($ty:ty, $field:tt) => {
+        impl $crate::protocol::Protocol for $ty {
+            fn acquire(
+                &mut self,
+                now: $crate::time::Millis,
+                how: $crate::protocol::Acquire,
+            ) -> Result<(), $crate::protocol::UsageError> {
+                self.$field.acquire(now, how)
+            }
+            fn release(
+                &mut self,
+                now: $crate::time::Millis,
+            ) -> Result<(), $crate::protocol::UsageError> {
+                self.$field.release(now)
+            }
+            fn extend(
+                &mut self,
+                now: $crate::time::Millis,
+            ) -> Result<(), $crate::protocol::UsageError> {
+                self.$field.extend(now)
+            }
+            fn handle_reply(
+                &mut self,
+                now: $crate::time::Millis,
+                id: $crate::protocol::RequestId,
+                outcome: $crate::protocol::Outcome,
+            ) {
+                self.$field.handle_reply(now, id, outcome)
+            }
+            fn handle_timeout(&mut self, now: $crate::time::Millis) {
+                self.$field.handle_timeout(now)
+            }
+            fn poll_transmit(&mut self) -> Option<$crate::protocol::Request> {
+                self.$field.poll_transmit()
+            }
+            fn poll_event(&mut self) -> Option<$crate::protocol::Event> {
+                self.$field.poll_event()
+            }
+            fn poll_timeout(&self) -> Option<$crate::time::Millis> {
+                self.$field.poll_timeout()
+            }
+            fn lease(&self) -> Option<&$crate::protocol::Lease> {
+                self.$field.lease()
+            }
+            fn is_busy(&self) -> bool {
+                self.$field.is_busy()
+            }
+        }
+    };
+}
+pub(crate) use delegate_protocol;
+
 #[cfg(test)]
 mod tests {
     use super::*;

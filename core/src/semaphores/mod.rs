@@ -708,53 +708,7 @@ impl<R: Recipe> Engine<R> {
 /// Implements `Protocol` for a newtype around an [`Engine`].
 macro_rules! engine_protocol {
     ($ty:ty) => {
-        impl $crate::protocol::Protocol for $ty {
-            fn acquire(
-                &mut self,
-                now: $crate::time::Millis,
-                how: $crate::protocol::Acquire,
-            ) -> Result<(), $crate::protocol::UsageError> {
-                self.0.acquire(now, how)
-            }
-            fn release(
-                &mut self,
-                now: $crate::time::Millis,
-            ) -> Result<(), $crate::protocol::UsageError> {
-                self.0.release(now)
-            }
-            fn extend(
-                &mut self,
-                now: $crate::time::Millis,
-            ) -> Result<(), $crate::protocol::UsageError> {
-                self.0.extend(now)
-            }
-            fn handle_reply(
-                &mut self,
-                now: $crate::time::Millis,
-                id: $crate::protocol::RequestId,
-                outcome: $crate::protocol::Outcome,
-            ) {
-                self.0.handle_reply(now, id, outcome)
-            }
-            fn handle_timeout(&mut self, now: $crate::time::Millis) {
-                self.0.handle_timeout(now)
-            }
-            fn poll_transmit(&mut self) -> Option<$crate::protocol::Request> {
-                self.0.poll_transmit()
-            }
-            fn poll_event(&mut self) -> Option<$crate::protocol::Event> {
-                self.0.poll_event()
-            }
-            fn poll_timeout(&self) -> Option<$crate::time::Millis> {
-                self.0.poll_timeout()
-            }
-            fn lease(&self) -> Option<&$crate::protocol::Lease> {
-                self.0.lease()
-            }
-            fn is_busy(&self) -> bool {
-                self.0.is_busy()
-            }
-        }
+        $crate::protocol::delegate_protocol!($ty, 0);
     };
 }
 pub(crate) use engine_protocol;
