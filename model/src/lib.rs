@@ -16,6 +16,7 @@
 //! [`trace`] prints a counterexample step by step and draws it as an SVG
 //! sequence diagram. The `lockwright` binary is the command line.
 
+pub mod docs;
 pub mod fault;
 pub mod matrix;
 pub mod model;

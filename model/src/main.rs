@@ -59,6 +59,16 @@ enum Command {
         #[arg(long)]
         svg: Option<std::path::PathBuf>,
     },
+    /// Generate the scenario catalogue (verdicts.md, one page per protocol
+    /// with counterexamples and SVG diagrams, README.md) into a directory.
+    Docs {
+        /// Output directory.
+        #[arg(long, default_value = "docs")]
+        out: std::path::PathBuf,
+        /// Worker threads (each cell is checked single-threaded).
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
     /// Step through the model in stateright's Explorer, in a browser.
     Explore {
         /// Protocol id.
@@ -97,6 +107,7 @@ fn main() -> ExitCode {
             fault,
             addr,
         } => explore(protocol, fault, &addr),
+        Command::Docs { out, threads } => docs(&out, threads),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -360,5 +371,18 @@ fn explore(protocol: ProtocolId, fault: Fault, addr: &str) -> Result<bool> {
     let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())?;
     eprintln!("serving the explorer on http://{addr}/ (Ctrl-C to stop)");
     model.checker().serve(addr);
+    Ok(true)
+}
+
+fn docs(out: &std::path::Path, threads: usize) -> Result<bool> {
+    let started = Instant::now();
+    let docs = lockwright_model::docs::generate(threads)?;
+    docs.write_to(out)?;
+    eprintln!(
+        "{} files written to {} in {:.1} s",
+        docs.files.len(),
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(true)
 }
