@@ -2,7 +2,7 @@
 //! faults, computed by the model checker.
 
 use clap::{Parser, Subcommand};
-use lockwright_core::{catalogue, ProtocolId};
+use lockwright_core::{applications, catalogue, ProtocolId};
 use lockwright_model::fault::{Fault, PropertyId};
 use lockwright_model::matrix::{self, Cell, Verdict};
 use lockwright_model::trace;
@@ -130,6 +130,10 @@ fn list() {
             e.idea
         );
         println!("{:<32} origin: {}", "", e.origin);
+    }
+    for a in applications() {
+        println!("{:<22} {:<9} {}", a.id, "app", a.idea);
+        println!("{:<32} origin: {}; in {}", "", a.origin, a.module);
     }
 }
 
