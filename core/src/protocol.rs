@@ -381,6 +381,93 @@ macro_rules! delegate_protocol {
 }
 pub(crate) use delegate_protocol;
 
+/// Test drivers shared by the machine tests of this crate: run a machine's
+/// requests on a [`Keyspace`](crate::keyspace::Keyspace), fire its timers,
+/// drop or answer its requests by hand.
+#[cfg(test)]
+pub(crate) mod testkit {
+    use crate::keyspace::{ConnId, Keyspace};
+    use crate::protocol::{Event, Lease, Outcome, Protocol, Request, Token};
+    use crate::time::Millis;
+
+    /// Run every queued request of `m` on `redis` (connection `conn`, node
+    /// clock `server_now`), feed each reply back at client time
+    /// `client_now`, and return the events.
+    pub(crate) fn drive_at<P: Protocol>(
+        m: &mut P,
+        redis: &mut Keyspace,
+        conn: u32,
+        client_now: Millis,
+        server_now: Millis,
+    ) -> Vec<Event> {
+        while let Some(request) = m.poll_transmit() {
+            let reply = redis.execute(ConnId(conn), server_now, &request.command);
+            m.handle_reply(client_now, request.id, Outcome::Reply(reply));
+        }
+        std::iter::from_fn(|| m.poll_event()).collect()
+    }
+
+    /// [`drive_at`] with one clock for client and server.
+    pub(crate) fn drive<P: Protocol>(
+        m: &mut P,
+        redis: &mut Keyspace,
+        conn: u32,
+        now: Millis,
+    ) -> Vec<Event> {
+        drive_at(m, redis, conn, now, now)
+    }
+
+    /// Fire every timer due by `until` in order, driving after each one;
+    /// returns the events and the instant of the last timer fired.
+    pub(crate) fn run_until<P: Protocol>(
+        m: &mut P,
+        redis: &mut Keyspace,
+        conn: u32,
+        until: Millis,
+    ) -> Vec<Event> {
+        let mut events = Vec::new();
+        let mut fired = 0;
+        while let Some(t) = m.poll_timeout().filter(|t| *t <= until) {
+            m.handle_timeout(t);
+            events.extend(drive(m, redis, conn, t));
+            fired += 1;
+            assert!(fired < 10_000, "timers never settle: {m:?}");
+        }
+        events
+    }
+
+    /// Take every queued request without running it: the client crashed
+    /// (or the network ate them).
+    pub(crate) fn drop_requests<P: Protocol>(m: &mut P) -> Vec<Request> {
+        std::iter::from_fn(|| m.poll_transmit()).collect()
+    }
+
+    /// A lease without fence, as the SETNX and hash locks grant it.
+    pub(crate) fn lease(token: &str, valid_until: u64) -> Lease {
+        Lease {
+            token: Token(token.into()),
+            fence: None,
+            valid_until: Millis(valid_until),
+        }
+    }
+
+    /// Take every queued request and every queued event, without running
+    /// anything.
+    pub(crate) fn drain<P: Protocol>(m: &mut P) -> (Vec<Request>, Vec<Event>) {
+        (
+            std::iter::from_fn(|| m.poll_transmit()).collect(),
+            std::iter::from_fn(|| m.poll_event()).collect(),
+        )
+    }
+
+    /// Feed `outcome` to the next queued request of `m` instead of running it.
+    pub(crate) fn answer<P: Protocol>(m: &mut P, now: Millis, outcome: Outcome) -> Vec<Event> {
+        let request = m.poll_transmit().expect("a request is queued");
+        m.handle_reply(now, request.id, outcome);
+        std::iter::from_fn(|| m.poll_event()).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -588,6 +588,7 @@ impl Protocol for Redlock {
 mod tests {
     use super::*;
     use crate::keyspace::WRONGTYPE;
+    use crate::protocol::testkit::drain;
 
     fn config(nodes: u8, ttl_ms: u64) -> Config {
         Config {
@@ -600,13 +601,6 @@ mod tests {
 
     fn lock(nodes: u8, ttl_ms: u64) -> Redlock {
         Redlock::new(&config(nodes, ttl_ms), Token("me".into())).unwrap()
-    }
-
-    fn drain(lock: &mut Redlock) -> (Vec<Request>, Vec<Event>) {
-        (
-            std::iter::from_fn(|| lock.poll_transmit()).collect(),
-            std::iter::from_fn(|| lock.poll_event()).collect(),
-        )
     }
 
     fn is_release(r: &Request) -> bool {

@@ -502,9 +502,9 @@ impl Protocol for Reentrant {
 
 #[cfg(test)]
 mod tests {
-    use super::super::setnx_del::testkit::{answer, drive, drop_requests, run_until};
     use super::*;
     use crate::keyspace::{ConnId, Keyspace};
+    use crate::protocol::testkit::{answer, drive, drop_requests, lease, run_until};
 
     fn config(auto_renew: bool) -> Config {
         Config {
@@ -520,14 +520,6 @@ mod tests {
 
     fn lock(token: &str, auto_renew: bool) -> Reentrant {
         Reentrant::new(&config(auto_renew), Token(token.into())).unwrap()
-    }
-
-    fn lease(token: &str, valid_until: u64) -> Lease {
-        Lease {
-            token: Token(token.into()),
-            fence: None,
-            valid_until: Millis(valid_until),
-        }
     }
 
     fn count_on_server(redis: &mut Keyspace, owner: &str, now: Millis) -> Reply {
@@ -808,13 +800,7 @@ mod tests {
         drive(&mut b, &mut redis, 1, Millis(3_500));
         a.acquire(Millis(1_000), Acquire::Once).unwrap();
         assert_eq!(
-            super::super::setnx_del::testkit::drive_at(
-                &mut a,
-                &mut redis,
-                0,
-                Millis(1_000),
-                Millis(3_600)
-            ),
+            crate::protocol::testkit::drive_at(&mut a, &mut redis, 0, Millis(1_000), Millis(3_600)),
             [Event::Lost, Event::Denied]
         );
         assert_eq!(a.hold_count(), 0);

@@ -409,81 +409,11 @@ impl Protocol for SetnxDel {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Test drivers shared by the lock tests of this crate.
-// ---------------------------------------------------------------------------
-
-#[cfg(test)]
-pub(crate) mod testkit {
-    use crate::keyspace::{ConnId, Keyspace};
-    use crate::protocol::{Event, Outcome, Protocol, Request};
-    use crate::time::Millis;
-
-    /// Run every queued request of `m` on `redis` (connection `conn`, node
-    /// clock `server_now`), feed each reply back at client time
-    /// `client_now`, and return the events.
-    pub(crate) fn drive_at<P: Protocol>(
-        m: &mut P,
-        redis: &mut Keyspace,
-        conn: u32,
-        client_now: Millis,
-        server_now: Millis,
-    ) -> Vec<Event> {
-        while let Some(request) = m.poll_transmit() {
-            let reply = redis.execute(ConnId(conn), server_now, &request.command);
-            m.handle_reply(client_now, request.id, Outcome::Reply(reply));
-        }
-        std::iter::from_fn(|| m.poll_event()).collect()
-    }
-
-    /// [`drive_at`] with one clock for client and server.
-    pub(crate) fn drive<P: Protocol>(
-        m: &mut P,
-        redis: &mut Keyspace,
-        conn: u32,
-        now: Millis,
-    ) -> Vec<Event> {
-        drive_at(m, redis, conn, now, now)
-    }
-
-    /// Fire every timer due by `until` in order, driving after each one;
-    /// returns the events and the instant of the last timer fired.
-    pub(crate) fn run_until<P: Protocol>(
-        m: &mut P,
-        redis: &mut Keyspace,
-        conn: u32,
-        until: Millis,
-    ) -> Vec<Event> {
-        let mut events = Vec::new();
-        let mut fired = 0;
-        while let Some(t) = m.poll_timeout().filter(|t| *t <= until) {
-            m.handle_timeout(t);
-            events.extend(drive(m, redis, conn, t));
-            fired += 1;
-            assert!(fired < 10_000, "timers never settle: {m:?}");
-        }
-        events
-    }
-
-    /// Take every queued request without running it: the client crashed
-    /// (or the network ate them).
-    pub(crate) fn drop_requests<P: Protocol>(m: &mut P) -> Vec<Request> {
-        std::iter::from_fn(|| m.poll_transmit()).collect()
-    }
-
-    /// Feed `outcome` to the next queued request of `m` instead of running it.
-    pub(crate) fn answer<P: Protocol>(m: &mut P, now: Millis, outcome: Outcome) -> Vec<Event> {
-        let request = m.poll_transmit().expect("a request is queued");
-        m.handle_reply(now, request.id, outcome);
-        std::iter::from_fn(|| m.poll_event()).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::testkit::{answer, drive, drop_requests, run_until};
     use super::*;
     use crate::keyspace::Keyspace;
+    use crate::protocol::testkit::{answer, drive, drop_requests, lease, run_until};
 
     fn config() -> Config {
         Config {
@@ -500,11 +430,7 @@ mod tests {
     }
 
     fn held(token: &str) -> Lease {
-        Lease {
-            token: Token(token.into()),
-            fence: None,
-            valid_until: FOREVER,
-        }
+        lease(token, FOREVER.get())
     }
 
     #[test]

@@ -505,9 +505,9 @@ impl SetnxExpire {
 
 #[cfg(test)]
 mod tests {
-    use super::super::setnx_del::testkit::{answer, drive, drop_requests, run_until};
     use super::*;
     use crate::keyspace::{ConnId, Keyspace};
+    use crate::protocol::testkit::{answer, drive, drop_requests, lease, run_until};
 
     fn config() -> Config {
         Config {
@@ -522,14 +522,6 @@ mod tests {
 
     fn lock(token: &str) -> SetnxExpire {
         SetnxExpire::new(&config(), Token(token.into())).unwrap()
-    }
-
-    fn lease(token: &str, valid_until: u64) -> Lease {
-        Lease {
-            token: Token(token.into()),
-            fence: None,
-            valid_until: Millis(valid_until),
-        }
     }
 
     fn ttl(redis: &mut Keyspace, now: Millis) -> Reply {
@@ -751,13 +743,7 @@ mod tests {
         drive(&mut b, &mut redis, 1, Millis(2_500));
         a.extend(Millis(1_500)).unwrap();
         assert_eq!(
-            super::super::setnx_del::testkit::drive_at(
-                &mut a,
-                &mut redis,
-                0,
-                Millis(1_500),
-                Millis(2_600)
-            ),
+            crate::protocol::testkit::drive_at(&mut a, &mut redis, 0, Millis(1_500), Millis(2_600)),
             [Event::Lost]
         );
         // `b`'s TTL was not touched: it still runs out at 4500.

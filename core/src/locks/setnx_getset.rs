@@ -477,9 +477,9 @@ impl SetnxGetset {
 
 #[cfg(test)]
 mod tests {
-    use super::super::setnx_del::testkit::{answer, drive, run_until};
     use super::*;
     use crate::keyspace::{ConnId, Keyspace, SetCondition, SetExpiry};
+    use crate::protocol::testkit::{answer, drive, lease, run_until};
 
     fn config() -> Config {
         Config {
@@ -494,14 +494,6 @@ mod tests {
 
     fn lock(token: &str) -> SetnxGetset {
         SetnxGetset::new(&config(), Token(token.into())).unwrap()
-    }
-
-    fn lease(token: &str, valid_until: u64) -> Lease {
-        Lease {
-            token: Token(token.into()),
-            fence: None,
-            valid_until: Millis(valid_until),
-        }
     }
 
     fn stored(redis: &mut Keyspace) -> Reply {
