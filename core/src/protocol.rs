@@ -326,6 +326,85 @@ impl<const N: usize> Timers<N> {
     }
 }
 
+/// When to try again after a failed attempt, or `None` to give up: the next
+/// jittered delay of `backoff`, as long as it still lands by the deadline of
+/// [`Acquire::Until`]. [`Acquire::Once`] never retries.
+pub(crate) fn retry_at(backoff: &mut Backoff, now: Millis, how: Acquire) -> Option<Millis> {
+    match how {
+        Acquire::Once => None,
+        Acquire::Until(deadline) => {
+            let at = now + backoff.next_delay();
+            (at <= deadline).then_some(at)
+        }
+    }
+}
+
+/// What every machine keeps beside its protocol state: the output queues,
+/// the timer table (`N` timers, named by the machine), the acquire backoff
+/// and the reply timeout. The steps every machine takes the same way live
+/// here once; what a machine does with its own state stays in the machine.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Scaffold<const N: usize> {
+    /// Requests and events waiting to be polled.
+    pub(crate) out: Outbox,
+    /// The machine's deadlines.
+    pub(crate) timers: Timers<N>,
+    /// Delays between acquire attempts.
+    pub(crate) backoff: Backoff,
+    reply_timeout_ms: Option<u64>,
+}
+
+impl<const N: usize> Scaffold<N> {
+    /// Empty queues, no timer armed; replies time out after
+    /// `reply_timeout_ms` when given.
+    pub(crate) fn new(backoff: Backoff, reply_timeout_ms: Option<u64>) -> Scaffold<N> {
+        Scaffold {
+            out: Outbox::default(),
+            timers: Timers::default(),
+            backoff,
+            reply_timeout_ms,
+        }
+    }
+
+    /// Queue `command` for `node` and, when replies time out, arm timer
+    /// `reply_timer` for it.
+    pub(crate) fn send(
+        &mut self,
+        now: Millis,
+        node: NodeId,
+        reply_timer: usize,
+        command: Command,
+    ) -> RequestId {
+        if let Some(t) = self.reply_timeout_ms {
+            self.timers.set(reply_timer, now + t);
+        }
+        self.out.send(node, command)
+    }
+
+    /// After a failed attempt: disarm every timer, then either arm
+    /// `retry_timer` for the next attempt (`true`: the machine backs off) or,
+    /// when `how` allows no further attempt, report [`Event::Denied`]
+    /// (`false`: the machine is idle).
+    pub(crate) fn retry_or_deny(&mut self, now: Millis, how: Acquire, retry_timer: usize) -> bool {
+        self.timers.clear_all();
+        match retry_at(&mut self.backoff, now, how) {
+            Some(at) => {
+                self.timers.set(retry_timer, at);
+                true
+            }
+            None => {
+                self.out.emit(Event::Denied);
+                false
+            }
+        }
+    }
+
+    /// Disarm and return every timer due at `now`.
+    pub(crate) fn due(&mut self, now: Millis) -> Vec<usize> {
+        self.timers.expire(now).collect()
+    }
+}
+
 /// Implements [`Protocol`] for a newtype by handing every call to its field
 /// `$field` (a machine with the same inherent methods).
 macro_rules! delegate_protocol {

@@ -18,8 +18,8 @@
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Backoff, Event, Fence, Lease, Outbox, Outcome, ProtocolError, Request, RequestId,
-    Timers, Token, UsageError,
+    Acquire, Event, Fence, Lease, Outcome, ProtocolError, Request, RequestId, Scaffold, Token,
+    UsageError,
 };
 use crate::time::Millis;
 
@@ -125,16 +125,13 @@ pub(crate) struct LeaseLock {
     fence_key: String,
     ttl_ms: u64,
     drift_ms: u64,
-    reply_timeout_ms: Option<u64>,
     auto_renew: bool,
     wait_replicas: Option<u32>,
     token: Token,
     guard: Guard,
     grant: Grant,
     state: State,
-    backoff: Backoff,
-    timers: Timers<4>,
-    out: Outbox,
+    base: Scaffold<4>,
 }
 
 impl LeaseLock {
@@ -155,24 +152,19 @@ impl LeaseLock {
             fence_key: config.key_with("fence"),
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
-            reply_timeout_ms: config.reply_timeout_ms,
             auto_renew,
             wait_replicas: config.wait_replicas,
             token,
             guard,
             grant,
             state: State::Idle,
-            backoff: config.backoff(),
-            timers: Timers::default(),
-            out: Outbox::default(),
+            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
         })
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        if let Some(t) = self.reply_timeout_ms {
-            self.timers.set(REPLY, now + t);
-        }
-        self.out.send(crate::protocol::NodeId(0), command)
+        self.base
+            .send(now, crate::protocol::NodeId(0), REPLY, command)
     }
 
     fn lease_from(&self, sent_at: Millis, fence: Option<Fence>) -> Lease {
@@ -300,42 +292,31 @@ impl LeaseLock {
     }
 
     fn hold(&mut self, lease: Lease, renew_from: Millis) {
-        self.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(EXPIRY, lease.valid_until);
         if self.auto_renew {
-            self.timers
+            self.base
+                .timers
                 .set(RENEW, renew_from + (self.ttl_ms / 3).max(1));
         }
         self.state = State::Held { lease, renew_from };
     }
 
     fn go_idle(&mut self) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         self.state = State::Idle;
     }
 
     /// A failed attempt: retry after a jittered delay if the deadline allows.
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        match how {
-            Acquire::Until(deadline) => {
-                let delay = self.backoff.next_delay();
-                if now + delay <= deadline {
-                    self.timers.clear_all();
-                    self.timers.set(RETRY, now + delay);
-                    self.state = State::BackingOff { how };
-                    return;
-                }
-                self.go_idle();
-                self.out.emit(Event::Denied);
-            }
-            Acquire::Once => {
-                self.go_idle();
-                self.out.emit(Event::Denied);
-            }
-        }
+        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+            State::BackingOff { how }
+        } else {
+            State::Idle
+        };
     }
 
     fn start_release(&mut self, now: Millis, lease: Lease, then: Then) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         let (req, step) = self.start_conditional(now, Act::Delete);
         self.state = State::Releasing {
             req,
@@ -346,7 +327,7 @@ impl LeaseLock {
     }
 
     fn start_extend(&mut self, now: Millis, lease: Lease, automatic: bool) {
-        self.timers.clear(RENEW);
+        self.base.timers.clear(RENEW);
         let (req, step) = self.start_conditional(now, Act::Expire);
         self.state = State::Extending {
             req,
@@ -377,7 +358,7 @@ impl LeaseLock {
             return;
         }
         self.hold(lease.clone(), sent_at);
-        self.out.emit(Event::Acquired(lease));
+        self.base.out.emit(Event::Acquired(lease));
     }
 
     pub(crate) fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
@@ -386,7 +367,7 @@ impl LeaseLock {
             State::Held { .. } => return Err(UsageError::AlreadyHeld),
             _ => return Err(UsageError::Busy),
         }
-        self.backoff.reset();
+        self.base.backoff.reset();
         let req = self.send_grant(now);
         self.state = State::Acquiring {
             req,
@@ -434,7 +415,7 @@ impl LeaseLock {
         if current != id {
             return;
         }
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             (State::Acquiring { sent_at, how, .. }, outcome) => {
@@ -446,15 +427,17 @@ impl LeaseLock {
                     (_, Outcome::Reply(Reply::Nil)) | (_, Outcome::Unknown) => None,
                     (_, Outcome::Reply(Reply::Error(e))) => {
                         self.go_idle();
-                        self.out.emit(Event::Failed(ProtocolError::Redis(e)));
+                        self.base.out.emit(Event::Failed(ProtocolError::Redis(e)));
                         return;
                     }
                     (_, Outcome::Reply(reply)) => {
                         self.go_idle();
-                        self.out.emit(Event::Failed(ProtocolError::UnexpectedReply {
-                            request: "acquire",
-                            reply,
-                        }));
+                        self.base
+                            .out
+                            .emit(Event::Failed(ProtocolError::UnexpectedReply {
+                                request: "acquire",
+                                reply,
+                            }));
                         return;
                     }
                 };
@@ -475,7 +458,7 @@ impl LeaseLock {
                         .get()
                         .saturating_sub(self.ttl_ms - self.drift_ms);
                     self.hold(lease.clone(), Millis(renew_from));
-                    self.out.emit(Event::Acquired(lease));
+                    self.base.out.emit(Event::Acquired(lease));
                 } else {
                     self.start_release(
                         now,
@@ -509,22 +492,22 @@ impl LeaseLock {
                 Conditional::Done { ours: true } => {
                     let lease = self.lease_from(sent_at, lease.fence);
                     self.hold(lease.clone(), sent_at);
-                    self.out.emit(Event::Extended(lease));
+                    self.base.out.emit(Event::Extended(lease));
                 }
                 Conditional::Done { ours: false } => {
                     // The key is no longer ours: the hold is gone.
                     self.go_idle();
-                    self.out.emit(Event::Lost);
+                    self.base.out.emit(Event::Lost);
                 }
                 Conditional::Failed(e) => {
                     self.hold_on(now, lease);
-                    self.out.emit(Event::Failed(e));
+                    self.base.out.emit(Event::Failed(e));
                 }
             },
             (State::Extending { lease, .. }, Outcome::Unknown) => {
                 // Unknown: keep the old lease; never release silently.
                 self.hold_on(now, lease);
-                self.out.emit(Event::NotExtended);
+                self.base.out.emit(Event::NotExtended);
             }
             (
                 State::Releasing {
@@ -547,7 +530,7 @@ impl LeaseLock {
                         _ => e,
                     };
                     self.go_idle();
-                    self.out.emit(Event::Failed(e));
+                    self.base.out.emit(Event::Failed(e));
                 }
             },
             (State::Releasing { then, .. }, Outcome::Unknown) => {
@@ -561,8 +544,8 @@ impl LeaseLock {
     fn finish_release(&mut self, now: Millis, ours: bool, then: Then) {
         self.go_idle();
         match then {
-            Then::Report => self.out.emit(Event::Released { was_held: ours }),
-            Then::Fail(e) => self.out.emit(Event::Failed(e)),
+            Then::Report => self.base.out.emit(Event::Released { was_held: ours }),
+            Then::Fail(e) => self.base.out.emit(Event::Failed(e)),
             Then::Retry(how) => self.retry_or_deny(now, how),
         }
     }
@@ -571,10 +554,10 @@ impl LeaseLock {
     fn hold_on(&mut self, now: Millis, lease: Lease) {
         if now >= lease.valid_until {
             self.go_idle();
-            self.out.emit(Event::Lost);
+            self.base.out.emit(Event::Lost);
             return;
         }
-        self.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(EXPIRY, lease.valid_until);
         self.state = State::Held {
             renew_from: now,
             lease,
@@ -582,7 +565,7 @@ impl LeaseLock {
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Millis) {
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
                 (REPLY, _) => {
@@ -601,7 +584,7 @@ impl LeaseLock {
                 }
                 (EXPIRY, State::Held { .. } | State::Extending { .. }) => {
                     self.go_idle();
-                    self.out.emit(Event::Lost);
+                    self.base.out.emit(Event::Lost);
                 }
                 (RENEW, State::Held { lease, .. }) => {
                     let lease = lease.clone();
@@ -623,15 +606,15 @@ impl LeaseLock {
     }
 
     pub(crate) fn poll_transmit(&mut self) -> Option<Request> {
-        self.out.poll_transmit()
+        self.base.out.poll_transmit()
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<Event> {
-        self.out.poll_event()
+        self.base.out.poll_event()
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Millis> {
-        self.timers.next()
+        self.base.timers.next()
     }
 
     pub(crate) fn lease(&self) -> Option<&Lease> {

@@ -61,8 +61,8 @@
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Backoff, Event, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError, Request,
-    RequestId, Timers, Token, UsageError,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Scaffold,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -252,9 +252,7 @@ pub struct Redlock {
     drift_ms: u64,
     reply_timeout_ms: u64,
     state: State,
-    backoff: Backoff,
-    timers: Timers<3>,
-    out: Outbox,
+    base: Scaffold<3>,
 }
 
 impl Redlock {
@@ -284,9 +282,9 @@ impl Redlock {
             drift_ms: config.drift(),
             reply_timeout_ms,
             state: State::Idle,
-            backoff: config.backoff(),
-            timers: Timers::default(),
-            out: Outbox::default(),
+            // No per-request reply timer: a round arms REPLY once for all
+            // of its masters.
+            base: Scaffold::new(config.backoff(), None),
         })
     }
 
@@ -342,10 +340,10 @@ impl Redlock {
         let requests = (0..self.nodes)
             .map(|i| {
                 let command = self.command(op);
-                self.out.send(NodeId(i), command)
+                self.base.out.send(NodeId(i), command)
             })
             .collect();
-        self.timers.set(REPLY, now + self.reply_timeout_ms);
+        self.base.timers.set(REPLY, now + self.reply_timeout_ms);
         Round {
             op,
             sent_at: now,
@@ -390,7 +388,7 @@ impl Redlock {
     }
 
     fn finish_round(&mut self, now: Millis) {
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Acquiring { round, how } => {
                 if let Some(error) = round.error {
@@ -400,7 +398,7 @@ impl Redlock {
                 match self.verdict(now, &round) {
                     Some(lease) => {
                         self.hold(lease.clone());
-                        self.out.emit(Event::Acquired(lease));
+                        self.base.out.emit(Event::Acquired(lease));
                     }
                     // Too few masters, or too late: undo everywhere.
                     None => self.start_release(now, Then::Retry(how)),
@@ -409,14 +407,14 @@ impl Redlock {
             State::Extending { round, lease } => match self.verdict(now, &round) {
                 Some(new) => {
                     self.hold(new.clone());
-                    self.out.emit(Event::Extended(new));
+                    self.base.out.emit(Event::Extended(new));
                 }
                 // Never release on a failed extend: the old lease stands.
                 None => {
-                    self.out.emit(Event::NotExtended);
+                    self.base.out.emit(Event::NotExtended);
                     if lease.valid_until <= now {
                         self.go_idle();
-                        self.out.emit(Event::Lost);
+                        self.base.out.emit(Event::Lost);
                     } else {
                         self.hold(lease);
                     }
@@ -426,9 +424,9 @@ impl Redlock {
                 let was_held = round.count(Answer::Yes) > 0;
                 self.go_idle();
                 match then {
-                    Then::Report => self.out.emit(Event::Released { was_held }),
+                    Then::Report => self.base.out.emit(Event::Released { was_held }),
                     Then::Retry(how) => self.retry_or_deny(now, how),
-                    Then::Fail(error) => self.out.emit(Event::Failed(error)),
+                    Then::Fail(error) => self.base.out.emit(Event::Failed(error)),
                 }
             }
             state => self.state = state,
@@ -438,17 +436,17 @@ impl Redlock {
     // Transitions.
 
     fn hold(&mut self, lease: Lease) {
-        self.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(EXPIRY, lease.valid_until);
         self.state = State::Held { lease };
     }
 
     fn go_idle(&mut self) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         self.state = State::Idle;
     }
 
     fn start_release(&mut self, now: Millis, then: Then) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         let round = self.start_round(now, Op::Release);
         self.state = State::Releasing { round, then };
     }
@@ -461,17 +459,11 @@ impl Redlock {
     /// A failed, cleaned-up attempt: retry after a jittered delay if the
     /// deadline allows, else deny.
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        if let Acquire::Until(deadline) = how {
-            let at = now + self.backoff.next_delay();
-            if at <= deadline {
-                self.timers.clear_all();
-                self.timers.set(RETRY, at);
-                self.state = State::BackingOff { how };
-                return;
-            }
-        }
-        self.go_idle();
-        self.out.emit(Event::Denied);
+        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+            State::BackingOff { how }
+        } else {
+            State::Idle
+        };
     }
 }
 
@@ -482,7 +474,7 @@ impl Protocol for Redlock {
             State::Held { .. } => return Err(UsageError::AlreadyHeld),
             _ => return Err(UsageError::Busy),
         }
-        self.backoff.reset();
+        self.base.backoff.reset();
         self.start_acquire(now, how);
         Ok(())
     }
@@ -527,7 +519,7 @@ impl Protocol for Redlock {
     }
 
     fn handle_timeout(&mut self, now: Millis) {
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.base.due(now);
         for timer in due {
             match timer {
                 REPLY => {
@@ -551,7 +543,7 @@ impl Protocol for Redlock {
                     if let State::Held { lease } | State::Extending { lease, .. } = &self.state {
                         if lease.valid_until <= now {
                             self.go_idle();
-                            self.out.emit(Event::Lost);
+                            self.base.out.emit(Event::Lost);
                         }
                     }
                 }
@@ -561,15 +553,15 @@ impl Protocol for Redlock {
     }
 
     fn poll_transmit(&mut self) -> Option<Request> {
-        self.out.poll_transmit()
+        self.base.out.poll_transmit()
     }
 
     fn poll_event(&mut self) -> Option<Event> {
-        self.out.poll_event()
+        self.base.out.poll_event()
     }
 
     fn poll_timeout(&self) -> Option<Millis> {
-        self.timers.next()
+        self.base.timers.next()
     }
 
     fn lease(&self) -> Option<&Lease> {

@@ -55,12 +55,11 @@
 //! after its TTL ran out (the `pause` fault) still believes it holds, as
 //! with every lease. Without fencing the resource cannot tell.
 
-use super::setnx_del::retry_at;
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply, Script};
 use crate::protocol::{
-    Acquire, Backoff, Event, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError, Request,
-    RequestId, Timers, Token, UsageError,
+    retry_at, Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
+    Scaffold, Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -123,15 +122,12 @@ pub struct Reentrant {
     key: String,
     ttl_ms: u64,
     drift_ms: u64,
-    reply_timeout_ms: Option<u64>,
     auto_renew: bool,
     token: Token,
     hold: Option<Hold>,
     op: Op,
     renewal: Option<Renewal>,
-    backoff: Backoff,
-    timers: Timers<5>,
-    out: Outbox,
+    base: Scaffold<5>,
 }
 
 impl Reentrant {
@@ -146,15 +142,12 @@ impl Reentrant {
             key: config.key(),
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
-            reply_timeout_ms: config.reply_timeout_ms,
             auto_renew: config.auto_renew,
             token,
             hold: None,
             op: Op::Idle,
             renewal: None,
-            backoff: config.backoff(),
-            timers: Timers::default(),
-            out: Outbox::default(),
+            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
         })
     }
 
@@ -165,11 +158,10 @@ impl Reentrant {
     }
 
     fn send(&mut self, now: Millis, reply_timer: usize, script: Script) -> RequestId {
-        if let Some(t) = self.reply_timeout_ms {
-            self.timers.set(reply_timer, now + t);
-        }
-        self.out.send(
+        self.base.send(
+            now,
             NodeId(0),
+            reply_timer,
             Command::Eval {
                 script,
                 keys: vec![self.key.clone()],
@@ -195,9 +187,10 @@ impl Reentrant {
     /// of a TTL after `renew_from`.
     fn arm(&mut self, renew_from: Millis) {
         if let Some(hold) = &self.hold {
-            self.timers.set(EXPIRY, hold.lease.valid_until);
+            self.base.timers.set(EXPIRY, hold.lease.valid_until);
             if self.auto_renew {
-                self.timers
+                self.base
+                    .timers
                     .set(RENEW, renew_from + (self.ttl_ms / 3).max(1));
             }
         }
@@ -206,32 +199,32 @@ impl Reentrant {
     /// Forget any automatic renewal in flight: its reply will be ignored.
     fn cancel_renewal(&mut self) {
         self.renewal = None;
-        self.timers.clear(RENEW);
-        self.timers.clear(RENEW_REPLY);
+        self.base.timers.clear(RENEW);
+        self.base.timers.clear(RENEW_REPLY);
     }
 
     /// The hold is gone (released, lost or expired).
     fn drop_hold(&mut self) {
         self.hold = None;
         self.cancel_renewal();
-        self.timers.clear(EXPIRY);
+        self.base.timers.clear(EXPIRY);
     }
 
     fn lose(&mut self) {
         self.drop_hold();
-        self.out.emit(Event::Lost);
+        self.base.out.emit(Event::Lost);
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.timers.clear(RETRY);
-        match retry_at(&mut self.backoff, now, how) {
+        self.base.timers.clear(RETRY);
+        match retry_at(&mut self.base.backoff, now, how) {
             Some(at) => {
-                self.timers.set(RETRY, at);
+                self.base.timers.set(RETRY, at);
                 self.op = Op::BackingOff { how };
             }
             None => {
                 self.op = Op::Idle;
-                self.out.emit(Event::Denied);
+                self.base.out.emit(Event::Denied);
             }
         }
     }
@@ -286,9 +279,9 @@ impl Reentrant {
                 if self.renewal.is_none() {
                     self.arm(sent_at);
                 } else {
-                    self.timers.set(EXPIRY, lease.valid_until);
+                    self.base.timers.set(EXPIRY, lease.valid_until);
                 }
-                self.out.emit(Event::Acquired(lease));
+                self.base.out.emit(Event::Acquired(lease));
             }
             // Taken (the reply is the key's PTTL). If we thought we held it,
             // our field is gone: the hold is lost.
@@ -301,7 +294,8 @@ impl Reentrant {
             Outcome::Unknown => self.retry_or_deny(now, how),
             Outcome::Reply(reply) => {
                 self.op = Op::Idle;
-                self.out
+                self.base
+                    .out
                     .emit(Event::Failed(Self::unexpected("reentrant-lock", reply)));
             }
         }
@@ -312,7 +306,7 @@ impl Reentrant {
         let (deleted, was_held) = match outcome {
             Outcome::Reply(Reply::Nil) => {
                 self.drop_hold();
-                self.out.emit(Event::Released { was_held: false });
+                self.base.out.emit(Event::Released { was_held: false });
                 return;
             }
             Outcome::Reply(Reply::Int(1)) => (true, true),
@@ -321,7 +315,8 @@ impl Reentrant {
             Outcome::Reply(reply) => {
                 // Nothing is known to have changed: the hold stands.
                 self.rearm_after_release(now, now);
-                self.out
+                self.base
+                    .out
                     .emit(Event::Failed(Self::unexpected("reentrant-unlock", reply)));
                 return;
             }
@@ -334,7 +329,7 @@ impl Reentrant {
             }
             _ => self.drop_hold(),
         }
-        self.out.emit(Event::Released { was_held });
+        self.base.out.emit(Event::Released { was_held });
     }
 
     /// After a release that left the hold in place, the timers it cleared
@@ -365,7 +360,7 @@ impl Reentrant {
                 });
                 self.arm(sent_at);
                 if let Some(lease) = lease {
-                    self.out.emit(Event::Extended(lease));
+                    self.base.out.emit(Event::Extended(lease));
                 }
                 return;
             }
@@ -378,7 +373,7 @@ impl Reentrant {
             return self.lose();
         }
         self.arm(now);
-        self.out.emit(failure);
+        self.base.out.emit(failure);
     }
 }
 
@@ -388,7 +383,7 @@ impl Protocol for Reentrant {
         if self.op != Op::Idle {
             return Err(UsageError::Busy);
         }
-        self.backoff.reset();
+        self.base.backoff.reset();
         self.send_lock(now, how);
         Ok(())
     }
@@ -402,7 +397,7 @@ impl Protocol for Reentrant {
             return Err(UsageError::NotHeld);
         }
         self.cancel_renewal();
-        self.timers.clear(EXPIRY);
+        self.base.timers.clear(EXPIRY);
         let req = self.send(now, REPLY, Script::ReentrantUnlock);
         self.op = Op::Releasing { req, sent_at: now };
         Ok(())
@@ -425,14 +420,14 @@ impl Protocol for Reentrant {
         if let Some(renewal) = self.renewal.as_ref().filter(|r| r.req == id) {
             let sent_at = renewal.sent_at;
             self.renewal = None;
-            self.timers.clear(RENEW_REPLY);
+            self.base.timers.clear(RENEW_REPLY);
             self.on_renew_reply(now, sent_at, outcome);
             return;
         }
         if self.op_request() != Some(id) {
             return;
         }
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         match std::mem::replace(&mut self.op, Op::Idle) {
             Op::Acquiring { sent_at, how, .. } => self.on_lock_reply(now, sent_at, how, outcome),
             Op::Releasing { sent_at, .. } => self.on_unlock_reply(now, sent_at, outcome),
@@ -442,7 +437,7 @@ impl Protocol for Reentrant {
     }
 
     fn handle_timeout(&mut self, now: Millis) {
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.base.due(now);
         for timer in due {
             match timer {
                 REPLY => {
@@ -464,7 +459,7 @@ impl Protocol for Reentrant {
                     // A manual extend still in flight can no longer help.
                     if matches!(self.op, Op::Extending { .. }) {
                         self.op = Op::Idle;
-                        self.timers.clear(REPLY);
+                        self.base.timers.clear(REPLY);
                     }
                     self.lose();
                 }
@@ -478,15 +473,15 @@ impl Protocol for Reentrant {
     }
 
     fn poll_transmit(&mut self) -> Option<Request> {
-        self.out.poll_transmit()
+        self.base.out.poll_transmit()
     }
 
     fn poll_event(&mut self) -> Option<Event> {
-        self.out.poll_event()
+        self.base.out.poll_event()
     }
 
     fn poll_timeout(&self) -> Option<Millis> {
-        self.timers.next()
+        self.base.timers.next()
     }
 
     fn lease(&self) -> Option<&Lease> {

@@ -30,33 +30,20 @@
 //! [`Protocol::extend`] has nothing to extend: it reports
 //! [`Event::Extended`] with the same lease at once.
 //!
-//! The `WATCH` sequence and the retry delay are shared with `setnx-expire`
-//! (the crate-private `watch_begin`, `watch_step` and `retry_at` below).
+//! The `WATCH` sequence is shared with `setnx-expire` (the crate-private
+//! `watch_begin` and `watch_step` below).
 
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Backoff, Event, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError, Request,
-    RequestId, Timers, Token, UsageError,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Scaffold,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
 // ---------------------------------------------------------------------------
 // Pieces shared by the SETNX locks.
 // ---------------------------------------------------------------------------
-
-/// When to try again after a failed attempt, or `None` to give up: the next
-/// jittered delay of `backoff`, as long as it still lands by the deadline of
-/// [`Acquire::Until`]. [`Acquire::Once`] never retries.
-pub(crate) fn retry_at(backoff: &mut Backoff, now: Millis, how: Acquire) -> Option<Millis> {
-    match how {
-        Acquire::Once => None,
-        Acquire::Until(deadline) => {
-            let at = now + backoff.next_delay();
-            (at <= deadline).then_some(at)
-        }
-    }
-}
 
 /// Where the book's `release_lock` sequence is: `WATCH`, `GET`, then either
 /// `MULTI act EXEC` (our value) or `UNWATCH` (not ours).
@@ -191,11 +178,8 @@ const FOREVER: Millis = Millis(u64::MAX);
 pub struct SetnxDel {
     key: String,
     token: Token,
-    reply_timeout_ms: Option<u64>,
     state: State,
-    backoff: Backoff,
-    timers: Timers<2>,
-    out: Outbox,
+    base: Scaffold<2>,
 }
 
 impl SetnxDel {
@@ -209,19 +193,13 @@ impl SetnxDel {
         Ok(SetnxDel {
             key: config.key(),
             token,
-            reply_timeout_ms: config.reply_timeout_ms,
             state: State::Idle,
-            backoff: config.backoff(),
-            timers: Timers::default(),
-            out: Outbox::default(),
+            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
         })
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        if let Some(t) = self.reply_timeout_ms {
-            self.timers.set(REPLY, now + t);
-        }
-        self.out.send(NodeId(0), command)
+        self.base.send(now, NodeId(0), REPLY, command)
     }
 
     fn send_setnx(&mut self, now: Millis, how: Acquire) {
@@ -236,27 +214,21 @@ impl SetnxDel {
     }
 
     fn go_idle(&mut self) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         self.state = State::Idle;
     }
 
     fn fail(&mut self, error: ProtocolError) {
         self.go_idle();
-        self.out.emit(Event::Failed(error));
+        self.base.out.emit(Event::Failed(error));
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.timers.clear_all();
-        match retry_at(&mut self.backoff, now, how) {
-            Some(at) => {
-                self.timers.set(RETRY, at);
-                self.state = State::BackingOff { how };
-            }
-            None => {
-                self.state = State::Idle;
-                self.out.emit(Event::Denied);
-            }
-        }
+        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+            State::BackingOff { how }
+        } else {
+            State::Idle
+        };
     }
 
     fn current_request(&self) -> Option<RequestId> {
@@ -278,7 +250,7 @@ impl Protocol for SetnxDel {
             State::Held { .. } => return Err(UsageError::AlreadyHeld),
             _ => return Err(UsageError::Busy),
         }
-        self.backoff.reset();
+        self.base.backoff.reset();
         self.send_setnx(now, how);
         Ok(())
     }
@@ -301,7 +273,7 @@ impl Protocol for SetnxDel {
         match &self.state {
             State::Held { lease } => {
                 let lease = lease.clone();
-                self.out.emit(Event::Extended(lease));
+                self.base.out.emit(Event::Extended(lease));
                 Ok(())
             }
             State::Idle => Err(UsageError::NotHeld),
@@ -313,7 +285,7 @@ impl Protocol for SetnxDel {
         if self.current_request() != Some(id) {
             return;
         }
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             (State::Acquiring { .. }, Outcome::Reply(Reply::Int(1))) => {
@@ -322,11 +294,11 @@ impl Protocol for SetnxDel {
                     fence: None,
                     valid_until: FOREVER,
                 };
-                self.timers.clear_all();
+                self.base.timers.clear_all();
                 self.state = State::Held {
                     lease: lease.clone(),
                 };
-                self.out.emit(Event::Acquired(lease));
+                self.base.out.emit(Event::Acquired(lease));
             }
             // Taken, or unknown: the book only knows "setnx returned true".
             (State::Acquiring { how, .. }, Outcome::Reply(Reply::Int(0)) | Outcome::Unknown) => {
@@ -352,7 +324,7 @@ impl Protocol for SetnxDel {
                     }
                     Watched::Done { ours } => {
                         self.go_idle();
-                        self.out.emit(Event::Released { was_held: ours });
+                        self.base.out.emit(Event::Released { was_held: ours });
                     }
                     Watched::Failed(e) => self.fail(e),
                 }
@@ -361,14 +333,14 @@ impl Protocol for SetnxDel {
             // stays for ever: the specimen's weakness, not repaired here.
             (State::Releasing { .. }, Outcome::Unknown) => {
                 self.go_idle();
-                self.out.emit(Event::Released { was_held: false });
+                self.base.out.emit(Event::Released { was_held: false });
             }
             (state, _) => self.state = state,
         }
     }
 
     fn handle_timeout(&mut self, now: Millis) {
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
                 (REPLY, _) => {
@@ -386,15 +358,15 @@ impl Protocol for SetnxDel {
     }
 
     fn poll_transmit(&mut self) -> Option<Request> {
-        self.out.poll_transmit()
+        self.base.out.poll_transmit()
     }
 
     fn poll_event(&mut self) -> Option<Event> {
-        self.out.poll_event()
+        self.base.out.poll_event()
     }
 
     fn poll_timeout(&self) -> Option<Millis> {
-        self.timers.next()
+        self.base.timers.next()
     }
 
     fn lease(&self) -> Option<&Lease> {

@@ -41,12 +41,12 @@
 //! until a waiter repairs it. Like every lease it fails mutual exclusion
 //! when the holder pauses past its TTL.
 
-use super::setnx_del::{retry_at, watch_begin, watch_step, WatchStep, Watched};
+use super::setnx_del::{watch_begin, watch_step, WatchStep, Watched};
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Backoff, Event, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError, Request,
-    RequestId, Timers, Token, UsageError,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Scaffold,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -121,12 +121,9 @@ pub struct SetnxExpire {
     key: String,
     ttl_ms: u64,
     drift_ms: u64,
-    reply_timeout_ms: Option<u64>,
     token: Token,
     state: State,
-    backoff: Backoff,
-    timers: Timers<3>,
-    out: Outbox,
+    base: Scaffold<3>,
 }
 
 impl SetnxExpire {
@@ -141,20 +138,14 @@ impl SetnxExpire {
             key: config.key(),
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
-            reply_timeout_ms: config.reply_timeout_ms,
             token,
             state: State::Idle,
-            backoff: config.backoff(),
-            timers: Timers::default(),
-            out: Outbox::default(),
+            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
         })
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        if let Some(t) = self.reply_timeout_ms {
-            self.timers.set(REPLY, now + t);
-        }
-        self.out.send(NodeId(0), command)
+        self.base.send(now, NodeId(0), REPLY, command)
     }
 
     /// `EXPIRE key ceil(ttl / 1000)`: the book's whole seconds.
@@ -189,36 +180,30 @@ impl SetnxExpire {
     }
 
     fn hold(&mut self, lease: Lease) {
-        self.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(EXPIRY, lease.valid_until);
         self.state = State::Held { lease };
     }
 
     fn go_idle(&mut self) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         self.state = State::Idle;
     }
 
     fn fail(&mut self, error: ProtocolError) {
         self.go_idle();
-        self.out.emit(Event::Failed(error));
+        self.base.out.emit(Event::Failed(error));
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.timers.clear_all();
-        match retry_at(&mut self.backoff, now, how) {
-            Some(at) => {
-                self.timers.set(RETRY, at);
-                self.state = State::BackingOff { how };
-            }
-            None => {
-                self.state = State::Idle;
-                self.out.emit(Event::Denied);
-            }
-        }
+        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+            State::BackingOff { how }
+        } else {
+            State::Idle
+        };
     }
 
     fn start_release(&mut self, now: Millis, lease: Lease, then: Then) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         let (command, step) = watch_begin(&self.key);
         let req = self.send(now, command);
         self.state = State::Releasing {
@@ -233,11 +218,11 @@ impl SetnxExpire {
     fn hold_on(&mut self, now: Millis, lease: Lease, event: Event) {
         if now >= lease.valid_until {
             self.go_idle();
-            self.out.emit(Event::Lost);
+            self.base.out.emit(Event::Lost);
             return;
         }
         self.hold(lease);
-        self.out.emit(event);
+        self.base.out.emit(event);
     }
 
     fn current_request(&self) -> Option<RequestId> {
@@ -264,7 +249,7 @@ impl Protocol for SetnxExpire {
             State::Held { .. } => return Err(UsageError::AlreadyHeld),
             _ => return Err(UsageError::Busy),
         }
-        self.backoff.reset();
+        self.base.backoff.reset();
         self.send_setnx(now, how);
         Ok(())
     }
@@ -300,7 +285,7 @@ impl Protocol for SetnxExpire {
         if self.current_request() != Some(id) {
             return;
         }
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             // Step one won: set the expiry as a second request.
@@ -334,7 +319,7 @@ impl Protocol for SetnxExpire {
             (State::Expiring { sent_at, .. }, Outcome::Reply(Reply::Int(_)) | Outcome::Unknown) => {
                 let lease = self.lease_from(sent_at);
                 self.hold(lease.clone());
-                self.out.emit(Event::Acquired(lease));
+                self.base.out.emit(Event::Acquired(lease));
             }
             (State::Expiring { sent_at, .. }, Outcome::Reply(reply)) => {
                 // The key is ours but may have no TTL: undo the grant.
@@ -403,11 +388,11 @@ impl Protocol for SetnxExpire {
                     Watched::Done { ours: true } => {
                         let lease = self.lease_from(sent_at);
                         self.hold(lease.clone());
-                        self.out.emit(Event::Extended(lease));
+                        self.base.out.emit(Event::Extended(lease));
                     }
                     Watched::Done { ours: false } => {
                         self.go_idle();
-                        self.out.emit(Event::Lost);
+                        self.base.out.emit(Event::Lost);
                     }
                     Watched::Failed(e) => self.hold_on(now, lease, Event::Failed(e)),
                 }
@@ -448,7 +433,7 @@ impl Protocol for SetnxExpire {
     }
 
     fn handle_timeout(&mut self, now: Millis) {
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
                 (REPLY, _) => {
@@ -462,7 +447,7 @@ impl Protocol for SetnxExpire {
                 }
                 (EXPIRY, State::Held { .. } | State::Extending { .. }) => {
                     self.go_idle();
-                    self.out.emit(Event::Lost);
+                    self.base.out.emit(Event::Lost);
                 }
                 _ => {}
             }
@@ -470,15 +455,15 @@ impl Protocol for SetnxExpire {
     }
 
     fn poll_transmit(&mut self) -> Option<Request> {
-        self.out.poll_transmit()
+        self.base.out.poll_transmit()
     }
 
     fn poll_event(&mut self) -> Option<Event> {
-        self.out.poll_event()
+        self.base.out.poll_event()
     }
 
     fn poll_timeout(&self) -> Option<Millis> {
-        self.timers.next()
+        self.base.timers.next()
     }
 
     fn lease(&self) -> Option<&Lease> {
@@ -497,8 +482,8 @@ impl SetnxExpire {
     fn finish_release(&mut self, ours: bool, then: Then) {
         self.go_idle();
         match then {
-            Then::Report => self.out.emit(Event::Released { was_held: ours }),
-            Then::Fail(e) => self.out.emit(Event::Failed(e)),
+            Then::Report => self.base.out.emit(Event::Released { was_held: ours }),
+            Then::Fail(e) => self.base.out.emit(Event::Failed(e)),
         }
     }
 }

@@ -40,12 +40,11 @@
 //! successor's lock. A `GETSET` that loses the takeover race has still
 //! overwritten the winner's timestamp with its own.
 
-use super::setnx_del::retry_at;
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Backoff, Event, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError, Request,
-    RequestId, Timers, Token, UsageError,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Scaffold,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -105,12 +104,9 @@ pub struct SetnxGetset {
     key: String,
     ttl_ms: u64,
     drift_ms: u64,
-    reply_timeout_ms: Option<u64>,
     token: Token,
     state: State,
-    backoff: Backoff,
-    timers: Timers<3>,
-    out: Outbox,
+    base: Scaffold<3>,
 }
 
 /// A stored timestamp, or the reply that is not one.
@@ -137,20 +133,14 @@ impl SetnxGetset {
             key: config.key(),
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
-            reply_timeout_ms: config.reply_timeout_ms,
             token,
             state: State::Idle,
-            backoff: config.backoff(),
-            timers: Timers::default(),
-            out: Outbox::default(),
+            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
         })
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        if let Some(t) = self.reply_timeout_ms {
-            self.timers.set(REPLY, now + t);
-        }
-        self.out.send(NodeId(0), command)
+        self.base.send(now, NodeId(0), REPLY, command)
     }
 
     /// The timestamp a hold taken at `now` runs out at, by our clock.
@@ -180,8 +170,8 @@ impl SetnxGetset {
 
     fn hold(&mut self, ts: u64) -> Lease {
         let lease = self.lease_for(ts);
-        self.timers.clear_all();
-        self.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.clear_all();
+        self.base.timers.set(EXPIRY, lease.valid_until);
         self.state = State::Held {
             lease: lease.clone(),
             ts,
@@ -190,27 +180,21 @@ impl SetnxGetset {
     }
 
     fn go_idle(&mut self) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         self.state = State::Idle;
     }
 
     fn fail(&mut self, error: ProtocolError) {
         self.go_idle();
-        self.out.emit(Event::Failed(error));
+        self.base.out.emit(Event::Failed(error));
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.timers.clear_all();
-        match retry_at(&mut self.backoff, now, how) {
-            Some(at) => {
-                self.timers.set(RETRY, at);
-                self.state = State::BackingOff { how };
-            }
-            None => {
-                self.state = State::Idle;
-                self.out.emit(Event::Denied);
-            }
-        }
+        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+            State::BackingOff { how }
+        } else {
+            State::Idle
+        };
     }
 
     fn current_request(&self) -> Option<RequestId> {
@@ -236,7 +220,7 @@ impl Protocol for SetnxGetset {
             State::Held { .. } => return Err(UsageError::AlreadyHeld),
             _ => return Err(UsageError::Busy),
         }
-        self.backoff.reset();
+        self.base.backoff.reset();
         self.send_setnx(now, how);
         Ok(())
     }
@@ -250,7 +234,7 @@ impl Protocol for SetnxGetset {
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
         };
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         if now.get() < ts {
             let req = self.send(
                 now,
@@ -261,7 +245,7 @@ impl Protocol for SetnxGetset {
             self.state = State::Releasing { req };
         } else {
             self.state = State::Idle;
-            self.out.emit(Event::Released { was_held: false });
+            self.base.out.emit(Event::Released { was_held: false });
         }
         Ok(())
     }
@@ -277,7 +261,7 @@ impl Protocol for SetnxGetset {
         };
         if now >= lease.valid_until {
             self.go_idle();
-            self.out.emit(Event::Lost);
+            self.base.out.emit(Event::Lost);
             return Ok(());
         }
         let new_ts = self.expiry_at(now);
@@ -301,12 +285,12 @@ impl Protocol for SetnxGetset {
         if self.current_request() != Some(id) {
             return;
         }
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             (State::Acquiring { ts, .. }, Outcome::Reply(Reply::Int(1))) => {
                 let lease = self.hold(ts);
-                self.out.emit(Event::Acquired(lease));
+                self.base.out.emit(Event::Acquired(lease));
             }
             (State::Acquiring { how, .. }, Outcome::Reply(Reply::Int(0))) => {
                 let req = self.send(
@@ -352,7 +336,7 @@ impl Protocol for SetnxGetset {
             // The key vanished before our GETSET: our GETSET created it.
             (State::TakingOver { ts, .. }, Outcome::Reply(Reply::Nil)) => {
                 let lease = self.hold(ts);
-                self.out.emit(Event::Acquired(lease));
+                self.base.out.emit(Event::Acquired(lease));
             }
             (State::TakingOver { ts, how, .. }, Outcome::Reply(reply)) => {
                 match timestamp("GETSET", reply) {
@@ -360,7 +344,7 @@ impl Protocol for SetnxGetset {
                     // Still expired: nobody beat us to it.
                     Ok(old) if old < now.get() => {
                         let lease = self.hold(ts);
-                        self.out.emit(Event::Acquired(lease));
+                        self.base.out.emit(Event::Acquired(lease));
                     }
                     // Another client took it over first (and we have pushed
                     // its timestamp to ours, as the recipe accepts).
@@ -376,17 +360,17 @@ impl Protocol for SetnxGetset {
                 // The key was gone; our GETSET has created it anyway.
                 Reply::Nil => {
                     self.go_idle();
-                    self.out.emit(Event::Lost);
+                    self.base.out.emit(Event::Lost);
                 }
                 reply => match timestamp("GETSET", reply) {
                     Ok(old) if old == ts => {
                         let lease = self.hold(new_ts);
-                        self.out.emit(Event::Extended(lease));
+                        self.base.out.emit(Event::Extended(lease));
                     }
                     // Someone took it over; our GETSET overwrote theirs.
                     Ok(_) => {
                         self.go_idle();
-                        self.out.emit(Event::Lost);
+                        self.base.out.emit(Event::Lost);
                     }
                     Err(e) => self.keep(now, lease, ts, Event::Failed(e)),
                 },
@@ -396,11 +380,11 @@ impl Protocol for SetnxGetset {
             }
             (State::Releasing { .. }, Outcome::Reply(Reply::Int(n))) => {
                 self.go_idle();
-                self.out.emit(Event::Released { was_held: n == 1 });
+                self.base.out.emit(Event::Released { was_held: n == 1 });
             }
             (State::Releasing { .. }, Outcome::Unknown) => {
                 self.go_idle();
-                self.out.emit(Event::Released { was_held: false });
+                self.base.out.emit(Event::Released { was_held: false });
             }
             (State::Releasing { .. }, Outcome::Reply(Reply::Error(e))) => {
                 self.fail(ProtocolError::Redis(e));
@@ -416,7 +400,7 @@ impl Protocol for SetnxGetset {
     }
 
     fn handle_timeout(&mut self, now: Millis) {
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
                 (REPLY, _) => {
@@ -430,7 +414,7 @@ impl Protocol for SetnxGetset {
                 }
                 (EXPIRY, State::Held { .. } | State::Extending { .. }) => {
                     self.go_idle();
-                    self.out.emit(Event::Lost);
+                    self.base.out.emit(Event::Lost);
                 }
                 _ => {}
             }
@@ -438,15 +422,15 @@ impl Protocol for SetnxGetset {
     }
 
     fn poll_transmit(&mut self) -> Option<Request> {
-        self.out.poll_transmit()
+        self.base.out.poll_transmit()
     }
 
     fn poll_event(&mut self) -> Option<Event> {
-        self.out.poll_event()
+        self.base.out.poll_event()
     }
 
     fn poll_timeout(&self) -> Option<Millis> {
-        self.timers.next()
+        self.base.timers.next()
     }
 
     fn lease(&self) -> Option<&Lease> {
@@ -466,12 +450,12 @@ impl SetnxGetset {
     fn keep(&mut self, now: Millis, lease: Lease, ts: u64, event: Event) {
         if now >= lease.valid_until {
             self.go_idle();
-            self.out.emit(Event::Lost);
+            self.base.out.emit(Event::Lost);
             return;
         }
-        self.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(EXPIRY, lease.valid_until);
         self.state = State::Held { lease, ts };
-        self.out.emit(event);
+        self.base.out.emit(event);
     }
 }
 

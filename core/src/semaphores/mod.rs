@@ -29,8 +29,8 @@ pub mod zset_semaphore;
 use crate::catalogue::Machine;
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Backoff, Event, Fence, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError,
-    Request, RequestId, Timers, Token, UsageError,
+    Acquire, Backoff, Event, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request,
+    RequestId, Scaffold, Token, UsageError,
 };
 use crate::time::Millis;
 use std::fmt::Debug;
@@ -192,11 +192,8 @@ pub(crate) struct Engine<R: Recipe> {
     /// `None`: permits never expire (`watch-semaphore`).
     ttl_ms: Option<u64>,
     drift_ms: u64,
-    reply_timeout_ms: Option<u64>,
     auto_renew: bool,
-    backoff: Backoff,
-    timers: Timers<4>,
-    out: Outbox,
+    base: Scaffold<4>,
     state: State<R::Step>,
     /// The lock held around every acquire attempt (`fair-semaphore-locked`).
     guard: Option<Box<Machine>>,
@@ -237,11 +234,8 @@ impl<R: Recipe> Engine<R> {
             token: c.token,
             ttl_ms: c.ttl_ms,
             drift_ms: c.drift_ms,
-            reply_timeout_ms: c.reply_timeout_ms,
             auto_renew: c.auto_renew,
-            backoff: c.backoff,
-            timers: Timers::default(),
-            out: Outbox::default(),
+            base: Scaffold::new(c.backoff, c.reply_timeout_ms),
             state: State::Idle,
             guard: c.guard,
         }
@@ -253,10 +247,7 @@ impl<R: Recipe> Engine<R> {
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        if let Some(t) = self.reply_timeout_ms {
-            self.timers.set(REPLY, now + t);
-        }
-        self.out.send(NodeId(0), command)
+        self.base.send(now, NodeId(0), REPLY, command)
     }
 
     fn lease_from(&self, sent_at: Millis, fence: Option<Fence>) -> Lease {
@@ -272,16 +263,16 @@ impl<R: Recipe> Engine<R> {
     }
 
     fn go_idle(&mut self) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         self.state = State::Idle;
     }
 
     fn hold(&mut self, lease: Lease, renew_from: Millis) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         if let Some(ttl) = self.ttl_ms {
-            self.timers.set(EXPIRY, lease.valid_until);
+            self.base.timers.set(EXPIRY, lease.valid_until);
             if self.auto_renew {
-                self.timers.set(RENEW, renew_from + (ttl / 3).max(1));
+                self.base.timers.set(RENEW, renew_from + (ttl / 3).max(1));
             }
         }
         self.state = State::Held { lease };
@@ -291,12 +282,12 @@ impl<R: Recipe> Engine<R> {
     fn hold_on(&mut self, now: Millis, lease: Lease) {
         if now >= lease.valid_until {
             self.go_idle();
-            self.out.emit(Event::Lost);
+            self.base.out.emit(Event::Lost);
             return;
         }
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         if self.ttl_ms.is_some() {
-            self.timers.set(EXPIRY, lease.valid_until);
+            self.base.timers.set(EXPIRY, lease.valid_until);
         }
         self.state = State::Held { lease };
     }
@@ -337,14 +328,14 @@ impl<R: Recipe> Engine<R> {
     }
 
     fn start_release(&mut self, now: Millis, then: Then) {
-        self.timers.clear_all();
+        self.base.timers.clear_all();
         let (command, step) = self.recipe.start(Op::Release, now);
         let req = self.send(now, command);
         self.state = State::Releasing { req, step, then };
     }
 
     fn start_extend(&mut self, now: Millis, lease: Lease, automatic: bool) {
-        self.timers.clear(RENEW);
+        self.base.timers.clear(RENEW);
         let (command, step) = self.recipe.start(Op::Extend, now);
         let req = self.send(now, command);
         self.state = State::Extending {
@@ -360,7 +351,7 @@ impl<R: Recipe> Engine<R> {
     fn conclude(&mut self, now: Millis, after: After) {
         if let Some(guard) = self.guard.as_mut() {
             if guard.lease().is_some() && guard.release(now).is_ok() {
-                self.timers.clear_all();
+                self.base.timers.clear_all();
                 self.state = State::Unguarding { after };
                 self.pump_guard(now);
                 return;
@@ -373,29 +364,23 @@ impl<R: Recipe> Engine<R> {
         match after {
             After::Granted { lease, renew_from } => {
                 self.hold(lease.clone(), renew_from);
-                self.out.emit(Event::Acquired(lease));
+                self.base.out.emit(Event::Acquired(lease));
             }
             After::Retry(how) => self.retry_or_deny(now, how),
             After::Failed(e) => {
                 self.go_idle();
-                self.out.emit(Event::Failed(e));
+                self.base.out.emit(Event::Failed(e));
             }
         }
     }
 
     /// A failed attempt: retry after a jittered delay if the deadline allows.
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        if let Acquire::Until(deadline) = how {
-            let delay = self.backoff.next_delay();
-            if now + delay <= deadline {
-                self.timers.clear_all();
-                self.timers.set(RETRY, now + delay);
-                self.state = State::BackingOff { how };
-                return;
-            }
-        }
-        self.go_idle();
-        self.out.emit(Event::Denied);
+        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+            State::BackingOff { how }
+        } else {
+            State::Idle
+        };
     }
 
     /// React to the guard lock's events.
@@ -434,7 +419,7 @@ impl<R: Recipe> Engine<R> {
             State::Held { .. } => return Err(UsageError::AlreadyHeld),
             _ => return Err(UsageError::Busy),
         }
-        self.backoff.reset();
+        self.base.backoff.reset();
         self.attempt(now, how);
         Ok(())
     }
@@ -487,7 +472,7 @@ impl<R: Recipe> Engine<R> {
         if self.current_request() != Some(id) {
             return;
         }
-        self.timers.clear(REPLY);
+        self.base.timers.clear(REPLY);
         let state = std::mem::replace(&mut self.state, State::Idle);
         let reply = match outcome {
             Outcome::Reply(reply) => match error_in(&reply) {
@@ -560,11 +545,11 @@ impl<R: Recipe> Engine<R> {
                     Then::Attempt(_) => self.conclude(now, After::Failed(failure)),
                     Then::Report => {
                         self.go_idle();
-                        self.out.emit(Event::Failed(failure));
+                        self.base.out.emit(Event::Failed(failure));
                     }
                     Then::Lost => {
                         self.go_idle();
-                        self.out.emit(Event::Lost);
+                        self.base.out.emit(Event::Lost);
                     }
                 }
             }
@@ -579,12 +564,12 @@ impl<R: Recipe> Engine<R> {
                     Ok(reply) => reply,
                     Err(None) => {
                         self.hold_on(now, lease);
-                        self.out.emit(Event::NotExtended);
+                        self.base.out.emit(Event::NotExtended);
                         return;
                     }
                     Err(Some(e)) => {
                         self.hold_on(now, lease);
-                        self.out.emit(Event::Failed(e));
+                        self.base.out.emit(Event::Failed(e));
                         return;
                     }
                 };
@@ -602,20 +587,20 @@ impl<R: Recipe> Engine<R> {
                     Next::Done { ours: true } => {
                         let lease = self.lease_from(sent_at, lease.fence);
                         self.hold(lease.clone(), sent_at);
-                        self.out.emit(Event::Extended(lease));
+                        self.base.out.emit(Event::Extended(lease));
                     }
                     Next::Done { ours: false } => {
                         self.go_idle();
-                        self.out.emit(Event::Lost);
+                        self.base.out.emit(Event::Lost);
                     }
                     Next::LostUndo => self.start_release(now, Then::Lost),
                     Next::Failed(e) => {
                         self.hold_on(now, lease);
-                        self.out.emit(Event::Failed(e));
+                        self.base.out.emit(Event::Failed(e));
                     }
                     _ => {
                         self.hold_on(now, lease);
-                        self.out.emit(Event::Failed(ProtocolError::Missing(
+                        self.base.out.emit(Event::Failed(ProtocolError::Missing(
                             "a recipe step".into(),
                         )));
                     }
@@ -629,12 +614,12 @@ impl<R: Recipe> Engine<R> {
         match then {
             Then::Report => {
                 self.go_idle();
-                self.out.emit(Event::Released { was_held: ours });
+                self.base.out.emit(Event::Released { was_held: ours });
             }
             Then::Attempt(after) => self.conclude(now, after),
             Then::Lost => {
                 self.go_idle();
-                self.out.emit(Event::Lost);
+                self.base.out.emit(Event::Lost);
             }
         }
     }
@@ -646,7 +631,7 @@ impl<R: Recipe> Engine<R> {
                 self.pump_guard(now);
             }
         }
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
                 (REPLY, _) => {
@@ -660,7 +645,7 @@ impl<R: Recipe> Engine<R> {
                 }
                 (EXPIRY, State::Held { .. } | State::Extending { .. }) => {
                     self.go_idle();
-                    self.out.emit(Event::Lost);
+                    self.base.out.emit(Event::Lost);
                 }
                 (RENEW, State::Held { lease }) => {
                     let lease = lease.clone();
@@ -676,18 +661,18 @@ impl<R: Recipe> Engine<R> {
             request.id = inner_id(request.id);
             return Some(request);
         }
-        let mut request = self.out.poll_transmit()?;
+        let mut request = self.base.out.poll_transmit()?;
         request.id = own_id(request.id);
         Some(request)
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<Event> {
-        self.out.poll_event()
+        self.base.out.poll_event()
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Millis> {
         let guard = self.guard.as_ref().and_then(|g| g.poll_timeout());
-        match (self.timers.next(), guard) {
+        match (self.base.timers.next(), guard) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
