@@ -405,6 +405,27 @@ impl<const N: usize> Scaffold<N> {
     }
 }
 
+/// The three outputs of a machine that keeps its queues and timers in a
+/// [`Scaffold`] field named `base`: expands to `poll_transmit`, `poll_event`
+/// and `poll_timeout`, inside a `Protocol` impl (no visibility given) or an
+/// inherent impl (`pub(crate)`).
+macro_rules! poll_from_scaffold {
+    ($($vis:tt)*) => {
+        $($vis)* fn poll_transmit(&mut self) -> Option<$crate::protocol::Request> {
+            self.base.out.poll_transmit()
+        }
+
+        $($vis)* fn poll_event(&mut self) -> Option<$crate::protocol::Event> {
+            self.base.out.poll_event()
+        }
+
+        $($vis)* fn poll_timeout(&self) -> Option<$crate::time::Millis> {
+            self.base.timers.next()
+        }
+    };
+}
+pub(crate) use poll_from_scaffold;
+
 /// Implements [`Protocol`] for a newtype by handing every call to its field
 /// `$field` (a machine with the same inherent methods).
 macro_rules! delegate_protocol {

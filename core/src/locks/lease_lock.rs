@@ -18,8 +18,7 @@
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Event, Fence, Lease, Outcome, ProtocolError, Request, RequestId, Scaffold, Token,
-    UsageError,
+    Acquire, Event, Fence, Lease, Outcome, ProtocolError, RequestId, Scaffold, Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -605,17 +604,7 @@ impl LeaseLock {
         }
     }
 
-    pub(crate) fn poll_transmit(&mut self) -> Option<Request> {
-        self.base.out.poll_transmit()
-    }
-
-    pub(crate) fn poll_event(&mut self) -> Option<Event> {
-        self.base.out.poll_event()
-    }
-
-    pub(crate) fn poll_timeout(&self) -> Option<Millis> {
-        self.base.timers.next()
-    }
+    crate::protocol::poll_from_scaffold!(pub(crate));
 
     pub(crate) fn lease(&self) -> Option<&Lease> {
         match &self.state {

@@ -61,8 +61,8 @@
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Scaffold,
-    Token, UsageError,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold, Token,
+    UsageError,
 };
 use crate::time::Millis;
 
@@ -552,17 +552,7 @@ impl Protocol for Redlock {
         }
     }
 
-    fn poll_transmit(&mut self) -> Option<Request> {
-        self.base.out.poll_transmit()
-    }
-
-    fn poll_event(&mut self) -> Option<Event> {
-        self.base.out.poll_event()
-    }
-
-    fn poll_timeout(&self) -> Option<Millis> {
-        self.base.timers.next()
-    }
+    crate::protocol::poll_from_scaffold!();
 
     fn lease(&self) -> Option<&Lease> {
         match &self.state {
@@ -581,6 +571,7 @@ mod tests {
     use super::*;
     use crate::keyspace::WRONGTYPE;
     use crate::protocol::testkit::drain;
+    use crate::protocol::Request;
 
     fn config(nodes: u8, ttl_ms: u64) -> Config {
         Config {

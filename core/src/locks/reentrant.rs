@@ -58,8 +58,8 @@
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply, Script};
 use crate::protocol::{
-    retry_at, Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
-    Scaffold, Token, UsageError,
+    retry_at, Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -472,17 +472,7 @@ impl Protocol for Reentrant {
         }
     }
 
-    fn poll_transmit(&mut self) -> Option<Request> {
-        self.base.out.poll_transmit()
-    }
-
-    fn poll_event(&mut self) -> Option<Event> {
-        self.base.out.poll_event()
-    }
-
-    fn poll_timeout(&self) -> Option<Millis> {
-        self.base.timers.next()
-    }
+    crate::protocol::poll_from_scaffold!();
 
     fn lease(&self) -> Option<&Lease> {
         self.hold.as_ref().map(|h| &h.lease)

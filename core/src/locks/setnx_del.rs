@@ -36,8 +36,8 @@
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Scaffold,
-    Token, UsageError,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold, Token,
+    UsageError,
 };
 use crate::time::Millis;
 
@@ -357,17 +357,7 @@ impl Protocol for SetnxDel {
         }
     }
 
-    fn poll_transmit(&mut self) -> Option<Request> {
-        self.base.out.poll_transmit()
-    }
-
-    fn poll_event(&mut self) -> Option<Event> {
-        self.base.out.poll_event()
-    }
-
-    fn poll_timeout(&self) -> Option<Millis> {
-        self.base.timers.next()
-    }
+    crate::protocol::poll_from_scaffold!();
 
     fn lease(&self) -> Option<&Lease> {
         match &self.state {
