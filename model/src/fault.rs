@@ -83,26 +83,10 @@ impl Fault {
     }
 }
 
-impl fmt::Display for Fault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// A name that is not a fault class.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown fault {0:?}; known: none, crash, pause, client-skew, clock-jump, restart, restart-delayed, restart-persisted, failover, delay, partition")]
 pub struct UnknownFault(pub String);
-
-impl FromStr for Fault {
-    type Err = UnknownFault;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Fault::ALL
-            .into_iter()
-            .find(|f| f.as_str() == s)
-            .ok_or_else(|| UnknownFault(s.to_owned()))
-    }
-}
 
 /// A safety or liveness property.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -144,23 +128,32 @@ impl PropertyId {
     }
 }
 
-impl fmt::Display for PropertyId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// A name that is not a property.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown property {0:?}; known: mutual-exclusion, fenced-resource, owner-only, progress")]
 pub struct UnknownProperty(pub String);
 
-impl FromStr for PropertyId {
-    type Err = UnknownProperty;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PropertyId::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| UnknownProperty(s.to_owned()))
-    }
+/// `Display` as the stable id and `FromStr` from it, for an id enum with
+/// `ALL` and `as_str`.
+macro_rules! stable_id {
+    ($ty:ty, $err:ident) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = $err;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                <$ty>::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| $err(s.to_owned()))
+            }
+        }
+    };
 }
+
+stable_id!(Fault, UnknownFault);
+stable_id!(PropertyId, UnknownProperty);

@@ -238,10 +238,6 @@ pub struct Resource {
     pub highest_fence: Option<u64>,
     /// Highest grant whose write was accepted (ghost).
     pub newest_grant: u32,
-    /// Writes accepted, as (client, grant).
-    pub accepted: u8,
-    /// Writes refused for a stale fence.
-    pub refused: u8,
     /// A superseded holder's write was accepted after its successor's.
     pub stale_accepted: bool,
 }
@@ -897,9 +893,6 @@ impl LockModel {
                         r.stale_accepted = true;
                     }
                     r.newest_grant = r.newest_grant.max(grant);
-                    r.accepted += 1;
-                } else {
-                    r.refused += 1;
                 }
                 let client = &mut s.clients[ci];
                 let now = client.clock.at(s.time);
