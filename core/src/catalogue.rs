@@ -232,6 +232,22 @@ impl ProtocolId {
     pub fn kind(self) -> Kind {
         self.entry().kind
     }
+
+    /// Does the machine send `WATCH`? Its requests then depend on the state
+    /// of one connection (the watched keys, until `EXEC`, `UNWATCH` or a
+    /// disconnect), so a driver must give each hold a connection of its own.
+    /// Every other protocol sends single commands, scripts and `MULTI … EXEC`
+    /// blocks that carry no state between requests, and may share one
+    /// multiplexed connection per node with any number of holds.
+    pub fn uses_watch(self) -> bool {
+        matches!(
+            self,
+            ProtocolId::SetnxDel
+                | ProtocolId::SetnxExpire
+                | ProtocolId::SetPxWatch
+                | ProtocolId::WatchSemaphore
+        )
+    }
 }
 
 impl fmt::Display for ProtocolId {

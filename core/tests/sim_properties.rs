@@ -534,3 +534,45 @@ fn a_paused_client_handles_nothing_until_the_pause_ends() {
         .expect("c1 does something");
     assert_eq!(c1_first.at, Millis(10), "{h}");
 }
+
+/// `ProtocolId::uses_watch` is what drivers use to decide whether a hold may
+/// share a connection: it must name exactly the machines that send `WATCH`,
+/// on runs long enough to take every path (contention, releases, extends
+/// after holds that outlive the TTL, expiry).
+#[test]
+fn uses_watch_names_exactly_the_machines_that_send_watch() {
+    for protocol in ProtocolId::all() {
+        let nodes = if protocol == ProtocolId::Redlock {
+            3
+        } else {
+            1
+        };
+        let mut sent_watch = false;
+        let mut commands = 0usize;
+        for seed in 0..8 {
+            let s = Schedule {
+                seed,
+                clients: 3,
+                latency_ms: (1, 4),
+                ttl_ms: 150,
+                client_offsets: vec![0; 5],
+                node_offsets: vec![0; 3],
+            };
+            for entry in run_schedule(protocol, nodes, &s).entries {
+                if let What::Sent { command, .. } = entry.what {
+                    commands += 1;
+                    sent_watch |= matches!(command, Command::Watch { .. });
+                }
+            }
+        }
+        assert!(
+            commands > 100,
+            "{protocol}: the runs sent {commands} commands"
+        );
+        assert_eq!(
+            protocol.uses_watch(),
+            sent_watch,
+            "{protocol}: uses_watch() disagrees with the commands the machine sent"
+        );
+    }
+}

@@ -6,15 +6,15 @@
 //! decisions are the guard's; this module runs its requests and its loader.
 
 use crate::clock::clock;
-use crate::driver::{node_worker, NodeSettings};
+use crate::conn::{Finished, Io, Route, SharedConn};
 use crate::token::{owner_token, seed};
 use crate::Error;
 use lockwright_core::stampede::{StampedeEvent, StampedeGuard};
 use lockwright_core::{Config, ProtocolId};
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 /// How a [`Cache`] behaves.
@@ -47,17 +47,21 @@ impl Default for CacheOptions {
 /// A cache in front of a slow loader, on one Redis node.
 #[derive(Clone)]
 pub struct Cache {
-    client: redis::Client,
+    /// One multiplexed connection, shared by every call (and every clone).
+    route: Route,
     config: Config,
     cache_ttl_ms: u64,
-    settings: NodeSettings,
+    request_timeout: Duration,
 }
 
 impl fmt::Debug for Cache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
             .field("name", &self.config.name)
-            .field("node", &self.client.get_connection_info().addr.to_string())
+            .field(
+                "node",
+                &self.route.client().get_connection_info().addr.to_string(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -83,13 +87,12 @@ impl Cache {
         let cache_ttl_ms = millis(options.cache_ttl);
         // Validate once.
         StampedeGuard::new(&config, cache_ttl_ms, lockwright_core::Token("v".into()))?;
+        let request_timeout = options.request_timeout.max(Duration::from_millis(1));
         Ok(Cache {
-            client,
+            route: Route::Shared(Arc::new(SharedConn::new(client, request_timeout))),
             config,
             cache_ttl_ms,
-            settings: NodeSettings {
-                request_timeout: options.request_timeout.max(Duration::from_millis(1)),
-            },
+            request_timeout,
         })
     }
 
@@ -119,14 +122,7 @@ impl Cache {
             ..self.config.clone()
         };
         let mut guard = StampedeGuard::new(&config, self.cache_ttl_ms, owner_token()?)?;
-        let (node_tx, node_rx) = mpsc::unbounded_channel();
-        let (reply_tx, mut replies) = mpsc::unbounded_channel();
-        tokio::spawn(node_worker(
-            self.client.clone(),
-            self.settings.clone(),
-            node_rx,
-            reply_tx,
-        ));
+        let mut io = Io::new(std::slice::from_ref(&self.route), self.request_timeout);
         let mut loader = Some(loader);
         let mut loaded: Option<String> = None;
         let mut load_error: Option<String> = None;
@@ -134,12 +130,9 @@ impl Cache {
         guard.get_or_load(clock().now(), key)?;
         loop {
             while let Some(request) = guard.poll_transmit() {
-                if node_tx.send(request.clone()).is_err() {
-                    guard.handle_reply(
-                        clock().now(),
-                        request.id,
-                        lockwright_core::Outcome::Unknown,
-                    );
+                let id = request.id;
+                if !io.send(request) {
+                    guard.handle_reply(clock().now(), id, lockwright_core::Outcome::Unknown);
                 }
             }
             if let Some(event) = guard.poll_event() {
@@ -182,16 +175,14 @@ impl Cache {
                 .poll_timeout()
                 .and_then(|t| clock().instant_of(t))
                 .map(tokio::time::Instant::from_std);
+            let busy = !io.is_idle();
             tokio::select! {
-                reply = replies.recv() => match reply {
-                    Some((id, outcome, io_error)) => {
-                        if io_error.is_some() {
-                            last_io_error = io_error;
-                        }
-                        guard.handle_reply(clock().now(), id, outcome);
+                Finished { id, outcome, io_error } = io.next(), if busy => {
+                    if io_error.is_some() {
+                        last_io_error = io_error;
                     }
-                    None => return Err(Error::DriverGone),
-                },
+                    guard.handle_reply(clock().now(), id, outcome);
+                }
                 () = async {
                     match deadline {
                         Some(at) => tokio::time::sleep_until(at).await,

@@ -1,4 +1,4 @@
-//! The driver: a tokio task that owns one core machine and runs it against
+//! The driver: the loop that owns one core machine and runs it against
 //! real Redis, in the style of quinn's `ConnectionDriver`.
 //!
 //! Each pass of its loop does what the core's contract asks, in order:
@@ -6,20 +6,21 @@
 //! 1. feed inputs: a reply (or [`Outcome::Unknown`]) from a node, the timer
 //!    when the clock reached [`Protocol::poll_timeout`], or an operation the
 //!    application asked for (acquire, release, extend);
-//! 2. drain [`Protocol::poll_transmit`], handing each request to its node's
-//!    worker; drain [`Protocol::poll_event`], routing each event to the
-//!    operation waiting for it (or to the lease cell: renewals, loss);
+//! 2. drain [`Protocol::poll_transmit`], handing each request to the `conn`
+//!    module's per-node queues; drain [`Protocol::poll_event`], routing each
+//!    event to the operation waiting for it (or to the lease cell: renewals,
+//!    loss);
 //! 3. re-arm its one timer at the machine's next deadline.
 //!
 //! Every call passes the *current* time of the process' monotonic clock
 //! (see the `clock` module), never the deadline it woke up for.
 //!
-//! One worker task per node owns that node's connection. The connection is
-//! dedicated to this machine (never shared with another lock), because WATCH
-//! and MULTI state is per connection; requests to one node run in the order
-//! the machine emitted them, requests to different nodes (RedLock) run in
-//! parallel. A connection error or a timeout becomes [`Outcome::Unknown`] and
-//! drops the connection; the next request reconnects.
+//! An acquire runs the loop inside the caller's future ([`Inline`]): no task
+//! and no channel stand between the caller and its requests. A grant moves
+//! the driver to a task of its own, which serves the guard (release, extend,
+//! automatic renewal, loss at the end of validity). Connections are the
+//! `conn` module's: shared per node, or the hold's own for the protocols
+//! that `WATCH`.
 //!
 //! When the application's handle goes away (a guard dropped, or an acquire
 //! future dropped part-way), the driver finishes what is in flight, releases
@@ -27,17 +28,16 @@
 //! runtime shuts down, the process dies), the hold ends with its TTL.
 
 use crate::clock::clock;
+use crate::conn::{Finished, Io, Route};
 use crate::lease_cell::LeaseCell;
-use crate::{wire, Error};
-use lockwright_core::{
-    Acquire, Event, Lease, Machine, Millis, Outcome, Protocol, Request, RequestId,
-};
+use crate::Error;
+use lockwright_core::{Acquire, Event, Lease, Machine, Millis, Outcome, Protocol, Request};
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tracing::Instrument;
-
 /// How long an acquire may take, in the application's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum How {
@@ -86,67 +86,119 @@ pub(crate) struct DriverHandle {
     pub(crate) lost: watch::Receiver<bool>,
 }
 
-/// Per-node settings of the workers.
+/// Settings of a hold's requests.
 #[derive(Clone, Debug)]
 pub(crate) struct NodeSettings {
     pub(crate) request_timeout: Duration,
 }
 
-/// Spawn a driver for `machine` over `clients` (node `i` is `clients[i]`).
-pub(crate) fn spawn(
+/// A driver for `machine` over `routes` (node `i` is `routes[i]`), not yet
+/// running: [`Inline::drive`] runs it inside the caller's future, and
+/// [`Inline::into_task`] moves it to a task of its own.
+pub(crate) fn new(
     machine: Machine,
-    clients: &[redis::Client],
-    settings: NodeSettings,
+    routes: &[Route],
+    settings: &NodeSettings,
     span: tracing::Span,
-) -> DriverHandle {
-    let (ops_tx, ops_rx) = mpsc::unbounded_channel();
-    let (replies_tx, replies_rx) = mpsc::unbounded_channel();
-    let (lost_tx, lost_rx) = watch::channel(false);
-    let nodes = clients
-        .iter()
-        .enumerate()
-        .map(|(i, client)| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let worker = node_worker(client.clone(), settings.clone(), rx, replies_tx.clone());
-            tokio::spawn(worker.instrument(tracing::debug_span!(parent: &span, "node", node = i)));
-            tx
-        })
-        .collect();
-    let driver = Driver {
+) -> Inline {
+    let (lost, _) = watch::channel(false);
+    Inline(Some(Driver {
         machine,
-        nodes,
-        replies: replies_rx,
-        ops: ops_rx,
-        ops_open: true,
+        io: Io::new(routes, settings.request_timeout),
+        ops: None,
         deferred: VecDeque::new(),
         pending: Pending::None,
         cell: None,
-        lost: lost_tx,
-        in_flight: 0,
+        lost,
         last_io_error: None,
-    };
-    tokio::spawn(driver.run().instrument(span));
-    DriverHandle {
-        ops: ops_tx,
-        lost: lost_rx,
+        sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+        span,
+    }))
+}
+
+/// A driver run by the future that owns it. Dropped with work left (a
+/// request in flight, a hold), it moves to a task that finishes the work:
+/// it gives back any hold and stops.
+pub(crate) struct Inline(Option<Driver>);
+
+impl Inline {
+    /// Hand `op` to the machine.
+    pub(crate) fn apply(&mut self, op: Op) {
+        if let Some(driver) = &mut self.0 {
+            driver.apply(op);
+        }
+    }
+
+    /// Run the driver until `result` has a value.
+    pub(crate) async fn drive<T>(&mut self, result: &mut oneshot::Receiver<T>) -> Option<T> {
+        let driver = self.0.as_mut()?;
+        let span = driver.span.clone();
+        async {
+            loop {
+                driver.drain();
+                match result.try_recv() {
+                    Ok(value) => return Some(value),
+                    Err(oneshot::error::TryRecvError::Closed) => return None,
+                    Err(oneshot::error::TryRecvError::Empty) => driver.step().await,
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Move the driver to a task of its own, which serves the returned
+    /// handle (release, extend, renewals, loss).
+    pub(crate) fn into_task(mut self) -> DriverHandle {
+        let (ops, rx) = mpsc::unbounded_channel();
+        let Some(mut driver) = self.0.take() else {
+            // Never happens (`Inline` always holds a driver until here):
+            // a handle whose operations all fail with `DriverGone`.
+            let (_, lost) = watch::channel(false);
+            return DriverHandle { ops, lost };
+        };
+        driver.ops = Some(rx);
+        let lost = driver.lost.subscribe();
+        let span = driver.span.clone();
+        tokio::spawn(driver.run().instrument(span));
+        DriverHandle { ops, lost }
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        let Some(driver) = self.0.take() else {
+            return;
+        };
+        if driver.io.is_idle() && driver.machine.lease().is_none() && !driver.machine.is_busy() {
+            return;
+        }
+        // Cut short (an acquire future dropped part-way, or a grant nobody
+        // takes): finish in the background. Without a runtime the TTL ends
+        // whatever hold is left.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let span = driver.span.clone();
+            runtime.spawn(driver.run().instrument(span));
+        }
     }
 }
 
 struct Driver {
     machine: Machine,
-    nodes: Vec<mpsc::UnboundedSender<Request>>,
-    replies: mpsc::UnboundedReceiver<(RequestId, Outcome, Option<String>)>,
-    ops: mpsc::UnboundedReceiver<Op>,
-    ops_open: bool,
+    io: Io,
+    /// The handle's operations; `None` while run inline, or once the handle
+    /// is gone.
+    ops: Option<mpsc::UnboundedReceiver<Op>>,
     /// Operations the machine refused as busy; retried after every pass.
     deferred: VecDeque<Op>,
     pending: Pending,
     cell: Option<LeaseCell>,
     lost: watch::Sender<bool>,
-    in_flight: usize,
     /// The last connection problem, cleared by any reply: tells a denial
     /// caused by an unreachable Redis from one caused by a taken lock.
     last_io_error: Option<String>,
+    sleep: Pin<Box<Sleep>>,
+    span: tracing::Span,
 }
 
 impl Driver {
@@ -159,47 +211,59 @@ impl Driver {
     }
 
     async fn run(mut self) {
-        let sleep = tokio::time::sleep_until(Instant::now());
-        tokio::pin!(sleep);
         loop {
             self.drain();
             if self.should_stop() {
                 break;
             }
-            let deadline = self.machine.poll_timeout().and_then(|t| self.instant_of(t));
-            if let Some(at) = deadline {
-                sleep.as_mut().reset(at);
-            }
-            tokio::select! {
-                Some((id, outcome, io_error)) = self.replies.recv() => {
-                    self.in_flight = self.in_flight.saturating_sub(1);
-                    if matches!(outcome, Outcome::Reply(_)) {
-                        self.last_io_error = None;
-                    } else if io_error.is_some() {
-                        self.last_io_error = io_error;
-                    }
-                    let now = self.now();
-                    self.machine.handle_reply(now, id, outcome);
-                }
-                () = &mut sleep, if deadline.is_some() => {
-                    let now = self.now();
-                    self.machine.handle_timeout(now);
-                }
-                op = self.ops.recv(), if self.ops_open => match op {
-                    Some(op) => self.apply(op),
-                    None => {
-                        self.ops_open = false;
-                        tracing::debug!("handle dropped");
-                    }
-                },
-            }
+            self.step().await;
         }
         tracing::debug!("driver stopped");
     }
 
+    /// Wait for one input (a reply, the timer, an operation) and feed it.
+    async fn step(&mut self) {
+        let deadline = self.machine.poll_timeout().and_then(|t| self.instant_of(t));
+        if let Some(at) = deadline {
+            self.sleep.as_mut().reset(at);
+        }
+        let ops_open = self.ops.is_some();
+        let busy = !self.io.is_idle();
+        tokio::select! {
+            finished = self.io.next(), if busy => {
+                let Finished { id, outcome, io_error } = finished;
+                if matches!(outcome, Outcome::Reply(_)) {
+                    self.last_io_error = None;
+                } else if io_error.is_some() {
+                    self.last_io_error = io_error;
+                }
+                let now = self.now();
+                self.machine.handle_reply(now, id, outcome);
+            }
+            () = self.sleep.as_mut(), if deadline.is_some() => {
+                let now = self.now();
+                self.machine.handle_timeout(now);
+            }
+            op = next_op(&mut self.ops), if ops_open => match op {
+                Some(op) => self.apply(op),
+                None => {
+                    self.ops = None;
+                    tracing::debug!("handle dropped");
+                }
+            },
+            else => {
+                // Nothing can happen: no request, no deadline, no handle.
+                // (`should_stop` ends a spawned driver before this; inline,
+                // the machine always waits for something while an
+                // operation is pending.)
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// The handle is gone and nothing is left to do.
     fn should_stop(&mut self) -> bool {
-        if self.ops_open || !self.deferred.is_empty() {
+        if self.ops.is_some() || !self.deferred.is_empty() {
             return false;
         }
         if self.machine.lease().is_some() && !matches!(self.pending, Pending::Cleanup) {
@@ -216,7 +280,7 @@ impl Driver {
             return false;
         }
         // A request in flight may still be a grant that must be undone.
-        self.in_flight == 0 && self.machine.lease().is_none()
+        self.io.is_idle() && self.machine.lease().is_none()
     }
 
     fn apply(&mut self, op: Op) {
@@ -276,14 +340,11 @@ impl Driver {
     }
 
     fn transmit(&mut self, request: Request) {
-        tracing::trace!(id = request.id.0, node = request.node.0, "transmit");
-        match self.nodes.get(usize::from(request.node.0)) {
-            Some(node) if node.send(request.clone()).is_ok() => self.in_flight += 1,
-            _ => {
-                // No such node, or its worker is gone: the request never ran.
-                let now = self.now();
-                self.machine.handle_reply(now, request.id, Outcome::Unknown);
-            }
+        let id = request.id;
+        if !self.io.send(request) {
+            // No such node: the request never ran.
+            let now = self.now();
+            self.machine.handle_reply(now, id, Outcome::Unknown);
         }
     }
 
@@ -370,60 +431,9 @@ fn event_name(event: &Event) -> &'static str {
     }
 }
 
-/// Runs one node's requests, in order, on a connection of its own.
-pub(crate) async fn node_worker(
-    client: redis::Client,
-    settings: NodeSettings,
-    mut requests: mpsc::UnboundedReceiver<Request>,
-    replies: mpsc::UnboundedSender<(RequestId, Outcome, Option<String>)>,
-) {
-    let mut conn: Option<redis::aio::MultiplexedConnection> = None;
-    while let Some(request) = requests.recv().await {
-        let span = tracing::debug_span!("request", id = request.id.0);
-        let result = tokio::time::timeout(
-            settings.request_timeout,
-            run_one(&client, &settings, &mut conn, &request),
-        )
-        .instrument(span)
-        .await;
-        let (outcome, io_error) = match result {
-            Ok(Ok(reply)) => (Outcome::Reply(reply), None),
-            Ok(Err(e)) => {
-                conn = None;
-                (Outcome::Unknown, Some(e.to_string()))
-            }
-            Err(_) => {
-                conn = None;
-                (Outcome::Unknown, Some("request timed out".to_owned()))
-            }
-        };
-        if replies.send((request.id, outcome, io_error)).is_err() {
-            break;
-        }
-    }
-}
-
-async fn run_one(
-    client: &redis::Client,
-    settings: &NodeSettings,
-    conn: &mut Option<redis::aio::MultiplexedConnection>,
-    request: &Request,
-) -> Result<lockwright_core::keyspace::Reply, redis::RedisError> {
-    if conn.is_none() {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(settings.request_timeout)
-            .set_response_timeout(settings.request_timeout);
-        *conn = Some(
-            client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?,
-        );
-    }
-    match conn {
-        Some(c) => wire::execute_reply(c, &request.command).await,
-        None => Err(redis::RedisError::from((
-            redis::ErrorKind::IoError,
-            "not connected",
-        ))),
+async fn next_op(ops: &mut Option<mpsc::UnboundedReceiver<Op>>) -> Option<Op> {
+    match ops {
+        Some(ops) => ops.recv().await,
+        None => std::future::pending().await,
     }
 }

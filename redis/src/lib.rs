@@ -53,6 +53,8 @@ mod cache;
 #[cfg(not(loom))]
 mod clock;
 #[cfg(not(loom))]
+mod conn;
+#[cfg(not(loom))]
 mod driver;
 #[cfg(not(loom))]
 mod error;

@@ -1,6 +1,7 @@
 //! The async API: [`Lock`] and [`LockGuard`], [`Semaphore`] and [`Permit`].
 
 use crate::clock::clock;
+use crate::conn::Route;
 use crate::driver::{self, DriverHandle, How, NodeSettings, Op};
 use crate::lease_cell::{LeaseCell, Phase};
 use crate::token::{owner_token, seed};
@@ -85,7 +86,9 @@ fn build_machine(id: ProtocolId, config: &Config, token: Token) -> Result<Machin
 
 /// What a lock and a semaphore share.
 struct Shared {
-    clients: Vec<redis::Client>,
+    /// Node `i`'s route: its shared connection, or (for the protocols that
+    /// `WATCH`) its client, for connections of each hold's own.
+    routes: Vec<Route>,
     protocol: ProtocolId,
     config: Config,
     settings: NodeSettings,
@@ -127,13 +130,15 @@ impl Shared {
         // Validate once, with a placeholder owner, so that a bad configuration
         // fails here rather than at the first acquire.
         build_machine(options.protocol, &config, Token("validation".into()))?;
+        let request_timeout = options.request_timeout.max(Duration::from_millis(1));
         Ok(Shared {
-            clients,
+            routes: clients
+                .into_iter()
+                .map(|client| Route::for_protocol(options.protocol, client, request_timeout))
+                .collect(),
             protocol: options.protocol,
             config,
-            settings: NodeSettings {
-                request_timeout: options.request_timeout.max(Duration::from_millis(1)),
-            },
+            settings: NodeSettings { request_timeout },
             notify: options.notify,
             retry_base: options.retry_base.max(Duration::from_millis(1)),
             retry_max: options.retry_max.max(Duration::from_millis(1)),
@@ -160,7 +165,7 @@ impl Shared {
         // denied attempt and the wait is not missed. Without a subscription
         // (the server refused it) the fallback retries still run.
         let pattern = format!("{}*:released", self.config.key());
-        let mut messages = match self.clients[0].get_async_pubsub().await {
+        let mut messages = match self.routes[0].client().get_async_pubsub().await {
             Ok(mut pubsub) => match pubsub.psubscribe(&pattern).await {
                 Ok(()) => Some(pubsub.into_on_message()),
                 Err(_) => None,
@@ -199,7 +204,8 @@ impl Shared {
         probe: &mut Option<redis::aio::MultiplexedConnection>,
     ) -> Result<Duration, Error> {
         if probe.is_none() {
-            *probe = self.clients[0]
+            *probe = self.routes[0]
+                .client()
                 .get_multiplexed_async_connection()
                 .await
                 .ok();
@@ -238,21 +244,22 @@ impl Shared {
                 ..self.config.clone()
             };
             let machine = build_machine(self.protocol, &config, token)?;
-            // Dropping this future drops `handle`: the driver then gives back
-            // any grant that arrives and stops (see the driver's docs).
-            let handle = driver::spawn(machine, &self.clients, self.settings.clone(), span.clone());
-            let (done, result) = oneshot::channel();
-            handle
-                .ops
-                .send(Op::Acquire { how, done })
-                .map_err(|_| Error::DriverGone)?;
-            let granted = result.await.map_err(|_| Error::DriverGone)??;
-            Ok(granted.map(|g| LockGuard {
-                handle,
-                lease: g.lease,
-                cell: g.cell,
-                span,
-            }))
+            // The acquire runs in this future. Dropping the future part-way
+            // drops `driver`, which then finishes in a task of its own: it
+            // gives back any grant that arrives and stops.
+            let mut driver = driver::new(machine, &self.routes, &self.settings, span.clone());
+            let (done, mut result) = oneshot::channel();
+            driver.apply(Op::Acquire { how, done });
+            let granted = driver.drive(&mut result).await.ok_or(Error::DriverGone)??;
+            Ok(match granted {
+                Some(g) => Some(LockGuard {
+                    handle: driver.into_task(),
+                    lease: g.lease,
+                    cell: g.cell,
+                    span,
+                }),
+                None => None,
+            })
         }
         .instrument(op_span)
         .await
@@ -261,16 +268,22 @@ impl Shared {
     fn fmt_nodes(&self) -> Vec<String> {
         // The address only: a client's connection info also holds the
         // password, which must never reach Debug output or logs.
-        self.clients
+        self.routes
             .iter()
-            .map(|c| c.get_connection_info().addr.to_string())
+            .map(|r| r.client().get_connection_info().addr.to_string())
             .collect()
     }
 }
 
 /// A distributed lock on one name, over one Redis node (or several, for
-/// RedLock). Cheap to clone; every acquire makes a new owner token, a new
-/// machine and its own connections.
+/// RedLock). Cheap to clone; clones share one connection per node (see
+/// below). Every acquire makes a new owner token and a new machine.
+///
+/// Connections: the holds of a `Lock` and its clones share one multiplexed
+/// connection per node, opened at the first request and reopened when the
+/// server closes it. The protocols that `WATCH` (`setnx-del`,
+/// `setnx-expire`, `set-px-watch`, `watch-semaphore`) open a connection per
+/// hold instead, since watched keys belong to one connection.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockwright_redis::Error> {

@@ -1,0 +1,370 @@
+//! Connections to the nodes, and the requests in flight on them.
+//!
+//! Two kinds of route lead to a node:
+//!
+//! - [`Route::Shared`]: one multiplexed connection per node, shared by every
+//!   hold of a [`Lock`](crate::Lock) (and its clones). Used for every
+//!   protocol whose requests carry no connection state
+//!   ([`ProtocolId::uses_watch`](lockwright_core::ProtocolId::uses_watch)
+//!   is false): single commands, scripts, and `MULTI … EXEC` written as one
+//!   pipeline, which no other request can interleave.
+//! - [`Route::Own`]: a connection of the hold's own, opened at its first
+//!   request, for the protocols that `WATCH`: the watched keys belong to
+//!   one connection until `EXEC`, and another hold's requests on it would
+//!   corrupt them.
+//!
+//! A shared connection must not fail a request because it died while
+//! nobody used it (a server restart, `CLIENT KILL`, an idle timeout): the
+//! request would never have reached the server, yet its outcome would read
+//! as unknown. So the adapter runs the connection's I/O task itself and
+//! marks the connection closed the moment that task ends (it ends when the
+//! server closes the socket); the next request opens a new connection
+//! before it is written. Only a request written to a connection that then
+//! fails, or that times out, gets [`Outcome::Unknown`]; that also retires
+//! the connection, so the next request reconnects.
+//!
+//! Requests to one node leave in the order the machine emitted them, one at
+//! a time (the next is written when the previous one's reply is in);
+//! requests to different nodes (RedLock) run in parallel.
+
+use crate::wire;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use lockwright_core::keyspace::Reply;
+use lockwright_core::{Outcome, Request, RequestId};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A live shared connection.
+#[derive(Clone)]
+struct Live {
+    conn: MultiplexedConnection,
+    /// Set when the connection's I/O task has ended (`None`: the connection
+    /// was opened by redis-rs, which does not say; see [`connect`]).
+    closed: Option<Arc<AtomicBool>>,
+    generation: u64,
+}
+
+impl Live {
+    fn is_open(&self) -> bool {
+        self.closed
+            .as_ref()
+            .is_none_or(|closed| !closed.load(Ordering::Acquire))
+    }
+}
+
+/// One node's shared multiplexed connection, opened lazily and reopened
+/// after it closes or fails.
+pub(crate) struct SharedConn {
+    client: redis::Client,
+    timeout: Duration,
+    live: Mutex<Option<Live>>,
+    /// One connect at a time; the others wait for it and share its result.
+    connecting: tokio::sync::Mutex<()>,
+    generations: AtomicU64,
+}
+
+impl SharedConn {
+    pub(crate) fn new(client: redis::Client, timeout: Duration) -> SharedConn {
+        SharedConn {
+            client,
+            timeout,
+            live: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generations: AtomicU64::new(0),
+        }
+    }
+
+    fn current(&self) -> Option<Live> {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.as_ref().filter(|l| l.is_open()).cloned()
+    }
+
+    async fn get(&self) -> Result<Live, RedisError> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let (conn, closed) = connect(&self.client, self.timeout).await?;
+        let live = Live {
+            conn,
+            closed,
+            generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
+        tracing::debug!(generation = live.generation, "connected");
+        Ok(live)
+    }
+
+    /// Retire the connection of `generation` (if it is still the current
+    /// one): the next request reconnects.
+    fn retire(&self, generation: u64) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if live.as_ref().is_some_and(|l| l.generation == generation) {
+            *live = None;
+        }
+    }
+}
+
+/// Open a multiplexed connection. For TCP addresses the adapter runs the
+/// connection's I/O task itself and returns a flag set when it ends; other
+/// addresses (TLS, Unix sockets) go through redis-rs, without the flag: a
+/// dead idle connection is then noticed by the first request that fails on
+/// it.
+async fn connect(
+    client: &redis::Client,
+    timeout: Duration,
+) -> Result<(MultiplexedConnection, Option<Arc<AtomicBool>>), RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(timeout)
+        .set_response_timeout(timeout);
+    let info = client.get_connection_info();
+    let ConnectionAddr::Tcp(host, port) = &info.addr else {
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        return Ok((conn, None));
+    };
+    let timed_out = || RedisError::from((redis::ErrorKind::IoError, "connect timed out"));
+    let stream = tokio::time::timeout(
+        timeout,
+        tokio::net::TcpStream::connect((host.as_str(), *port)),
+    )
+    .await
+    .map_err(|_| timed_out())??;
+    stream.set_nodelay(true)?;
+    let (conn, io_task) = tokio::time::timeout(
+        timeout,
+        MultiplexedConnection::new_with_config(&info.redis, stream, config),
+    )
+    .await
+    .map_err(|_| timed_out())??;
+    let closed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&closed);
+    tokio::spawn(async move {
+        io_task.await;
+        flag.store(true, Ordering::Release);
+        tracing::debug!("connection closed");
+    });
+    Ok((conn, Some(closed)))
+}
+
+/// Where a hold's requests to one node go.
+#[derive(Clone)]
+pub(crate) enum Route {
+    /// The node's shared connection.
+    Shared(Arc<SharedConn>),
+    /// A connection of the hold's own to this client's node.
+    Own(redis::Client),
+}
+
+impl Route {
+    /// The route for `protocol`'s holds to `client`'s node.
+    pub(crate) fn for_protocol(
+        protocol: lockwright_core::ProtocolId,
+        client: redis::Client,
+        timeout: Duration,
+    ) -> Route {
+        if protocol.uses_watch() {
+            Route::Own(client)
+        } else {
+            Route::Shared(Arc::new(SharedConn::new(client, timeout)))
+        }
+    }
+
+    pub(crate) fn client(&self) -> &redis::Client {
+        match self {
+            Route::Shared(shared) => &shared.client,
+            Route::Own(client) => client,
+        }
+    }
+}
+
+/// A finished request: its outcome, and for an unknown outcome the
+/// connection problem behind it.
+pub(crate) struct Finished {
+    pub(crate) id: RequestId,
+    pub(crate) outcome: Outcome,
+    pub(crate) io_error: Option<String>,
+}
+
+struct Done {
+    node: usize,
+    finished: Finished,
+    /// [`Route::Own`]: the connection to keep using (`None` after a failure).
+    own: Option<MultiplexedConnection>,
+}
+
+struct Link {
+    route: Route,
+    own: Option<MultiplexedConnection>,
+    busy: bool,
+    queue: VecDeque<Request>,
+}
+
+/// One hold's requests: per-node queues and the requests in flight.
+pub(crate) struct Io {
+    links: Vec<Link>,
+    in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
+    timeout: Duration,
+}
+
+impl Io {
+    pub(crate) fn new(routes: &[Route], timeout: Duration) -> Io {
+        Io {
+            links: routes
+                .iter()
+                .map(|route| Link {
+                    route: route.clone(),
+                    own: None,
+                    busy: false,
+                    queue: VecDeque::new(),
+                })
+                .collect(),
+            in_flight: FuturesUnordered::new(),
+            timeout,
+        }
+    }
+
+    /// Queue `request` for its node. `false`: there is no such node.
+    pub(crate) fn send(&mut self, request: Request) -> bool {
+        let node = usize::from(request.node.0);
+        let Some(link) = self.links.get_mut(node) else {
+            return false;
+        };
+        if link.busy {
+            link.queue.push_back(request);
+        } else {
+            link.busy = true;
+            let future = start(node, link, request, self.timeout);
+            self.in_flight.push(future);
+        }
+        true
+    }
+
+    /// Requests queued or in flight.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.in_flight.is_empty()
+    }
+
+    /// The next finished request; never resolves while nothing is in flight
+    /// (use it behind `if !io.is_idle()` in a `select!`).
+    pub(crate) async fn next(&mut self) -> Finished {
+        let Some(done) = self.in_flight.next().await else {
+            return std::future::pending().await;
+        };
+        let link = &mut self.links[done.node];
+        link.own = done.own;
+        link.busy = false;
+        if let Some(request) = link.queue.pop_front() {
+            link.busy = true;
+            let future = start(done.node, link, request, self.timeout);
+            self.in_flight.push(future);
+        }
+        done.finished
+    }
+}
+
+fn start(
+    node: usize,
+    link: &mut Link,
+    request: Request,
+    timeout: Duration,
+) -> BoxFuture<'static, Done> {
+    tracing::trace!(id = request.id.0, node, "transmit");
+    match &link.route {
+        Route::Shared(shared) => {
+            let shared = Arc::clone(shared);
+            Box::pin(async move {
+                let result = run_shared(&shared, &request, timeout).await;
+                Done {
+                    node,
+                    finished: finished(request.id, result),
+                    own: None,
+                }
+            })
+        }
+        Route::Own(client) => {
+            let client = client.clone();
+            let conn = link.own.take();
+            Box::pin(async move {
+                let (result, own) = run_own(&client, conn, &request, timeout).await;
+                Done {
+                    node,
+                    finished: finished(request.id, result),
+                    own,
+                }
+            })
+        }
+    }
+}
+
+fn finished(id: RequestId, result: Result<Reply, String>) -> Finished {
+    match result {
+        Ok(reply) => Finished {
+            id,
+            outcome: Outcome::Reply(reply),
+            io_error: None,
+        },
+        Err(e) => Finished {
+            id,
+            outcome: Outcome::Unknown,
+            io_error: Some(e),
+        },
+    }
+}
+
+async fn run_shared(
+    shared: &SharedConn,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Reply, String> {
+    // A failed connect means the request was never written: still an
+    // unknown outcome for the machine (it cannot tell), with the reason.
+    let mut live = shared.get().await.map_err(|e| e.to_string())?;
+    match tokio::time::timeout(
+        timeout,
+        wire::execute_reply(&mut live.conn, &request.command),
+    )
+    .await
+    {
+        Ok(Ok(reply)) => Ok(reply),
+        Ok(Err(e)) => {
+            shared.retire(live.generation);
+            Err(e.to_string())
+        }
+        Err(_) => {
+            shared.retire(live.generation);
+            Err("request timed out".to_owned())
+        }
+    }
+}
+
+async fn run_own(
+    client: &redis::Client,
+    conn: Option<MultiplexedConnection>,
+    request: &Request,
+    timeout: Duration,
+) -> (Result<Reply, String>, Option<MultiplexedConnection>) {
+    let mut conn = match conn {
+        Some(conn) => conn,
+        None => match connect(client, timeout).await {
+            Ok((conn, _)) => conn,
+            Err(e) => return (Err(e.to_string()), None),
+        },
+    };
+    match tokio::time::timeout(timeout, wire::execute_reply(&mut conn, &request.command)).await {
+        Ok(Ok(reply)) => (Ok(reply), Some(conn)),
+        // The connection (and any WATCH on it) is dropped: the next request
+        // reconnects, and the server forgets the watch with the old socket.
+        Ok(Err(e)) => (Err(e.to_string()), None),
+        Err(_) => (Err("request timed out".to_owned()), None),
+    }
+}
