@@ -121,6 +121,11 @@ pub struct Config {
     pub wait_replicas: Option<u32>,
     /// The lock that guards `fair-semaphore-locked`.
     pub guard_lock: ProtocolId,
+    /// Release scripts (`set-px-lua`, `fenced`, `redlock`, `reentrant`,
+    /// `lease-semaphore`) also `PUBLISH` a notice on `<key>:released`, for
+    /// waiters that subscribe instead of polling. Off by default: nobody
+    /// listens, and the notice costs a command per release.
+    pub notify_releases: bool,
 }
 
 impl Config {
@@ -141,6 +146,7 @@ impl Config {
             auto_renew: true,
             wait_replicas: None,
             guard_lock: ProtocolId::SetPxLua,
+            notify_releases: false,
         }
     }
 

@@ -29,7 +29,6 @@
 
 use crate::wire;
 use futures_util::future::BoxFuture;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockwright_core::keyspace::Reply;
 use lockwright_core::{Outcome, Request, RequestId};
 use redis::aio::MultiplexedConnection;
@@ -61,6 +60,7 @@ impl Live {
 /// after it closes or fails.
 pub(crate) struct SharedConn {
     client: redis::Client,
+    /// The connect timeout.
     timeout: Duration,
     live: Mutex<Option<Live>>,
     /// One connect at a time; the others wait for it and share its result.
@@ -122,9 +122,8 @@ async fn connect(
     client: &redis::Client,
     timeout: Duration,
 ) -> Result<(MultiplexedConnection, Option<Arc<AtomicBool>>), RedisError> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(timeout)
-        .set_response_timeout(timeout);
+    // Replies are timed by each request's own timeout (see `run_shared`).
+    let config = AsyncConnectionConfig::new().set_connection_timeout(timeout);
     let info = client.get_connection_info();
     let ConnectionAddr::Tcp(host, port) = &info.addr else {
         let conn = client
@@ -156,6 +155,99 @@ async fn connect(
     Ok((conn, Some(closed)))
 }
 
+/// Connections to a set of Redis nodes (one node, or RedLock's masters),
+/// shared by every [`Lock`](crate::Lock) and [`Semaphore`](crate::Semaphore)
+/// built on it with `Lock::on` / `Semaphore::on`: one multiplexed
+/// connection per node, opened at the first request, reopened when the
+/// server closes it. Cheap to clone (clones share the connections).
+///
+/// A process that takes many locks (one per order, per item, per task) on
+/// the same servers should build them on one `Nodes`: each `Lock::new`
+/// opens connections of its own.
+///
+/// ```no_run
+/// use lockwright_core::ProtocolId;
+/// use lockwright_redis::{Lock, LockOptions, Nodes};
+/// use std::time::Duration;
+///
+/// # async fn demo() -> Result<(), lockwright_redis::Error> {
+/// let nodes = Nodes::new([redis::Client::open("redis://127.0.0.1/").expect("a valid URL")]);
+/// let options = LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(5));
+/// for order in ["o-1", "o-2"] {
+///     let lock = Lock::on(&nodes, format!("order:{order}"), options.clone())?;
+///     let guard = lock.acquire().await?;
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Nodes {
+    shared: Arc<[Arc<SharedConn>]>,
+}
+
+impl std::fmt::Debug for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Addresses only: connection info also holds the password.
+        f.debug_list().entries(self.addresses()).finish()
+    }
+}
+
+impl Nodes {
+    /// Connections to `clients`' nodes (node `i` is the `i`-th client), with
+    /// a one-second connect timeout.
+    pub fn new(clients: impl IntoIterator<Item = redis::Client>) -> Nodes {
+        Nodes::with_connect_timeout(clients, Duration::from_secs(1))
+    }
+
+    /// As [`Nodes::new`], giving up on a connect after `timeout` (the
+    /// request then fails as unavailable).
+    pub fn with_connect_timeout(
+        clients: impl IntoIterator<Item = redis::Client>,
+        timeout: Duration,
+    ) -> Nodes {
+        let timeout = timeout.max(Duration::from_millis(1));
+        Nodes {
+            shared: clients
+                .into_iter()
+                .map(|client| Arc::new(SharedConn::new(client, timeout)))
+                .collect(),
+        }
+    }
+
+    /// How many nodes.
+    pub fn len(&self) -> usize {
+        self.shared.len()
+    }
+
+    /// No node at all (every lock on it fails to build).
+    pub fn is_empty(&self) -> bool {
+        self.shared.is_empty()
+    }
+
+    /// Each node's address (never its password).
+    pub fn addresses(&self) -> Vec<String> {
+        self.shared
+            .iter()
+            .map(|s| s.client.get_connection_info().addr.to_string())
+            .collect()
+    }
+
+    /// The routes of `protocol`'s holds: the shared connections, or (for the
+    /// protocols that `WATCH`) the clients, for connections of each hold's own.
+    pub(crate) fn routes(&self, protocol: lockwright_core::ProtocolId) -> Vec<Route> {
+        self.shared
+            .iter()
+            .map(|shared| {
+                if protocol.uses_watch() {
+                    Route::Own(shared.client.clone())
+                } else {
+                    Route::Shared(Arc::clone(shared))
+                }
+            })
+            .collect()
+    }
+}
+
 /// Where a hold's requests to one node go.
 #[derive(Clone)]
 pub(crate) enum Route {
@@ -166,19 +258,6 @@ pub(crate) enum Route {
 }
 
 impl Route {
-    /// The route for `protocol`'s holds to `client`'s node.
-    pub(crate) fn for_protocol(
-        protocol: lockwright_core::ProtocolId,
-        client: redis::Client,
-        timeout: Duration,
-    ) -> Route {
-        if protocol.uses_watch() {
-            Route::Own(client)
-        } else {
-            Route::Shared(Arc::new(SharedConn::new(client, timeout)))
-        }
-    }
-
     pub(crate) fn client(&self) -> &redis::Client {
         match self {
             Route::Shared(shared) => &shared.client,
@@ -195,25 +274,27 @@ pub(crate) struct Finished {
     pub(crate) io_error: Option<String>,
 }
 
-struct Done {
-    node: usize,
-    finished: Finished,
-    /// [`Route::Own`]: the connection to keep using (`None` after a failure).
-    own: Option<MultiplexedConnection>,
+/// A request on its way: its id and the future that runs it (which hands
+/// back, for [`Route::Own`], the connection to keep using).
+struct InFlight {
+    id: RequestId,
+    future: BoxFuture<'static, (Result<Reply, String>, Option<MultiplexedConnection>)>,
 }
 
 struct Link {
     route: Route,
     own: Option<MultiplexedConnection>,
-    busy: bool,
+    in_flight: Option<InFlight>,
     queue: VecDeque<Request>,
 }
 
-/// One hold's requests: per-node queues and the requests in flight.
+/// One hold's requests: per-node queues and the request in flight on each
+/// node (at most one, so that a node runs them in order).
 pub(crate) struct Io {
     links: Vec<Link>,
-    in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
     timeout: Duration,
+    /// Where the next poll starts, so that no node starves another.
+    next_link: usize,
 }
 
 impl Io {
@@ -224,85 +305,81 @@ impl Io {
                 .map(|route| Link {
                     route: route.clone(),
                     own: None,
-                    busy: false,
+                    in_flight: None,
                     queue: VecDeque::new(),
                 })
                 .collect(),
-            in_flight: FuturesUnordered::new(),
             timeout,
+            next_link: 0,
         }
     }
 
     /// Queue `request` for its node. `false`: there is no such node.
     pub(crate) fn send(&mut self, request: Request) -> bool {
         let node = usize::from(request.node.0);
+        let timeout = self.timeout;
         let Some(link) = self.links.get_mut(node) else {
             return false;
         };
-        if link.busy {
+        if link.in_flight.is_some() {
             link.queue.push_back(request);
         } else {
-            link.busy = true;
-            let future = start(node, link, request, self.timeout);
-            self.in_flight.push(future);
+            link.start(node, request, timeout);
         }
         true
     }
 
-    /// Requests queued or in flight.
+    /// Nothing queued or in flight.
     pub(crate) fn is_idle(&self) -> bool {
-        self.in_flight.is_empty()
+        self.links.iter().all(|l| l.in_flight.is_none())
     }
 
     /// The next finished request; never resolves while nothing is in flight
     /// (use it behind `if !io.is_idle()` in a `select!`).
     pub(crate) async fn next(&mut self) -> Finished {
-        let Some(done) = self.in_flight.next().await else {
-            return std::future::pending().await;
-        };
-        let link = &mut self.links[done.node];
-        link.own = done.own;
-        link.busy = false;
-        if let Some(request) = link.queue.pop_front() {
-            link.busy = true;
-            let future = start(done.node, link, request, self.timeout);
-            self.in_flight.push(future);
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Finished> {
+        let count = self.links.len();
+        for i in 0..count {
+            let node = (self.next_link + i) % count;
+            let link = &mut self.links[node];
+            let Some(in_flight) = &mut link.in_flight else {
+                continue;
+            };
+            let std::task::Poll::Ready((result, own)) = in_flight.future.as_mut().poll(cx) else {
+                continue;
+            };
+            let id = in_flight.id;
+            link.in_flight = None;
+            link.own = own;
+            if let Some(request) = link.queue.pop_front() {
+                link.start(node, request, self.timeout);
+            }
+            self.next_link = (node + 1) % count;
+            return std::task::Poll::Ready(finished(id, result));
         }
-        done.finished
+        std::task::Poll::Pending
     }
 }
 
-fn start(
-    node: usize,
-    link: &mut Link,
-    request: Request,
-    timeout: Duration,
-) -> BoxFuture<'static, Done> {
-    tracing::trace!(id = request.id.0, node, "transmit");
-    match &link.route {
-        Route::Shared(shared) => {
-            let shared = Arc::clone(shared);
-            Box::pin(async move {
-                let result = run_shared(&shared, &request, timeout).await;
-                Done {
-                    node,
-                    finished: finished(request.id, result),
-                    own: None,
-                }
-            })
-        }
-        Route::Own(client) => {
-            let client = client.clone();
-            let conn = link.own.take();
-            Box::pin(async move {
-                let (result, own) = run_own(&client, conn, &request, timeout).await;
-                Done {
-                    node,
-                    finished: finished(request.id, result),
-                    own,
-                }
-            })
-        }
+impl Link {
+    fn start(&mut self, node: usize, request: Request, timeout: Duration) {
+        tracing::trace!(id = request.id.0, node, "transmit");
+        let id = request.id;
+        let future: BoxFuture<'static, _> = match &self.route {
+            Route::Shared(shared) => {
+                let shared = Arc::clone(shared);
+                Box::pin(async move { (run_shared(&shared, &request, timeout).await, None) })
+            }
+            Route::Own(client) => {
+                let client = client.clone();
+                let conn = self.own.take();
+                Box::pin(async move { run_own(&client, conn, &request, timeout).await })
+            }
+        };
+        self.in_flight = Some(InFlight { id, future });
     }
 }
 

@@ -79,13 +79,6 @@ enum Pending {
     Cleanup,
 }
 
-/// The application's end of a driver.
-#[derive(Debug)]
-pub(crate) struct DriverHandle {
-    pub(crate) ops: mpsc::UnboundedSender<Op>,
-    pub(crate) lost: watch::Receiver<bool>,
-}
-
 /// Settings of a hold's requests.
 #[derive(Clone, Debug)]
 pub(crate) struct NodeSettings {
@@ -111,7 +104,7 @@ pub(crate) fn new(
         cell: None,
         lost,
         last_io_error: None,
-        sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+        sleep: None,
         span,
     }))
 }
@@ -147,21 +140,77 @@ impl Inline {
         .await
     }
 
-    /// Move the driver to a task of its own, which serves the returned
-    /// handle (release, extend, renewals, loss).
-    pub(crate) fn into_task(mut self) -> DriverHandle {
+    /// Hand a granted hold's driver to its guard: kept inline while the
+    /// machine has nothing to do on its own before the lease ends (the
+    /// guard's calls run it), or moved to a task of its own when it does
+    /// (automatic renewal).
+    pub(crate) fn into_holder(mut self) -> Holder {
+        let Some(driver) = self.0.as_ref() else {
+            return Holder::Inline(self);
+        };
+        let lease_end = driver.machine.lease().map(|l| l.valid_until);
+        let acts_on_its_own = match (driver.machine.poll_timeout(), lease_end) {
+            (Some(at), Some(end)) => at < end,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if !acts_on_its_own {
+            return Holder::Inline(self);
+        }
         let (ops, rx) = mpsc::unbounded_channel();
         let Some(mut driver) = self.0.take() else {
-            // Never happens (`Inline` always holds a driver until here):
-            // a handle whose operations all fail with `DriverGone`.
-            let (_, lost) = watch::channel(false);
-            return DriverHandle { ops, lost };
+            return Holder::Inline(self);
         };
         driver.ops = Some(rx);
-        let lost = driver.lost.subscribe();
         let span = driver.span.clone();
         tokio::spawn(driver.run().instrument(span));
-        DriverHandle { ops, lost }
+        Holder::Task(ops)
+    }
+
+    /// A receiver of the hold's loss flag.
+    pub(crate) fn lost(&self) -> watch::Receiver<bool> {
+        match &self.0 {
+            Some(driver) => driver.lost.subscribe(),
+            None => watch::channel(false).1,
+        }
+    }
+
+    /// Run `op` to its end inside the caller's future.
+    async fn call<T>(&mut self, op: Op, result: &mut oneshot::Receiver<T>) -> Option<T> {
+        let driver = self.0.as_mut()?;
+        // The machine's deadlines passed while nobody ran it (between the
+        // guard's calls): let it act on them first, as a task would have.
+        driver.catch_up();
+        driver.apply(op);
+        self.drive(result).await
+    }
+}
+
+/// Who runs a granted hold's machine.
+pub(crate) enum Holder {
+    /// The guard's own calls.
+    Inline(Inline),
+    /// A task, reached through this channel.
+    Task(mpsc::UnboundedSender<Op>),
+}
+
+impl Holder {
+    /// Run the operation `op` builds and wait for its result.
+    pub(crate) async fn call<T>(
+        &mut self,
+        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Op,
+    ) -> Result<T, Error> {
+        let (done, mut result) = oneshot::channel();
+        match self {
+            Holder::Inline(inline) => inline
+                .call(op(done), &mut result)
+                .await
+                .ok_or(Error::DriverGone)?,
+            Holder::Task(ops) => {
+                ops.send(op(done)).map_err(|_| Error::DriverGone)?;
+                result.await.map_err(|_| Error::DriverGone)?
+            }
+        }
     }
 }
 
@@ -197,7 +246,8 @@ struct Driver {
     /// The last connection problem, cleared by any reply: tells a denial
     /// caused by an unreachable Redis from one caused by a taken lock.
     last_io_error: Option<String>,
-    sleep: Pin<Box<Sleep>>,
+    /// The timer, created at the first deadline.
+    sleep: Option<Pin<Box<Sleep>>>,
     span: tracing::Span,
 }
 
@@ -221,11 +271,23 @@ impl Driver {
         tracing::debug!("driver stopped");
     }
 
+    /// Feed the timer if the machine's deadline has passed.
+    fn catch_up(&mut self) {
+        let now = self.now();
+        if self.machine.poll_timeout().is_some_and(|at| at <= now) {
+            self.machine.handle_timeout(now);
+            self.drain();
+        }
+    }
+
     /// Wait for one input (a reply, the timer, an operation) and feed it.
     async fn step(&mut self) {
         let deadline = self.machine.poll_timeout().and_then(|t| self.instant_of(t));
         if let Some(at) = deadline {
-            self.sleep.as_mut().reset(at);
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(at),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
         }
         let ops_open = self.ops.is_some();
         let busy = !self.io.is_idle();
@@ -240,7 +302,7 @@ impl Driver {
                 let now = self.now();
                 self.machine.handle_reply(now, id, outcome);
             }
-            () = self.sleep.as_mut(), if deadline.is_some() => {
+            () = fire(&mut self.sleep), if deadline.is_some() => {
                 let now = self.now();
                 self.machine.handle_timeout(now);
             }
@@ -428,6 +490,13 @@ fn event_name(event: &Event) -> &'static str {
         Event::NotExtended => "not extended",
         Event::Lost => "lost",
         Event::Failed(_) => "failed",
+    }
+}
+
+async fn fire(sleep: &mut Option<Pin<Box<Sleep>>>) {
+    match sleep {
+        Some(sleep) => sleep.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -61,6 +61,8 @@ mod error;
 pub mod lease_cell;
 #[cfg(not(loom))]
 mod lock;
+#[cfg(not(loom))]
+mod notices;
 mod sync;
 #[cfg(not(loom))]
 pub mod token;
@@ -69,6 +71,8 @@ pub mod wire;
 
 #[cfg(not(loom))]
 pub use cache::{Cache, CacheOptions};
+#[cfg(not(loom))]
+pub use conn::Nodes;
 #[cfg(not(loom))]
 pub use error::Error;
 #[cfg(not(loom))]

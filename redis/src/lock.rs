@@ -1,17 +1,18 @@
 //! The async API: [`Lock`] and [`LockGuard`], [`Semaphore`] and [`Permit`].
 
 use crate::clock::clock;
-use crate::conn::Route;
-use crate::driver::{self, DriverHandle, How, NodeSettings, Op};
+use crate::conn::{Nodes, Route};
+use crate::driver::{self, Holder, How, NodeSettings, Op};
 use crate::lease_cell::{LeaseCell, Phase};
-use crate::token::{owner_token, seed};
+use crate::notices::Notices;
+use crate::token::{seed, token_and_seed};
 use crate::Error;
 use lockwright_core::{Config, Fence, Kind, Lease, Machine, ProtocolId, Token, UsageError};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
 /// How a [`Lock`] or [`Semaphore`] behaves.
@@ -39,11 +40,13 @@ pub struct LockOptions {
     pub retry_base: Duration,
     /// Largest delay between acquire attempts.
     pub retry_max: Duration,
-    /// Wait for release notifications instead of the core's timed retries:
-    /// a waiting `acquire` subscribes to the release channel (`<key>:released`,
-    /// published by the release scripts) and tries once per notification,
-    /// with a jittered fallback retry bounded by the holder's remaining TTL
-    /// (`PTTL`) in case a notification is missed or never sent.
+    /// Wake-on-release: this lock's releases publish a notice on
+    /// `<key>:released` (the release scripts' `PUBLISH`, see
+    /// `Config::notify_releases`), and its waiters wait for notices instead of
+    /// the core's timed retries, with a fallback retry in case a notice is
+    /// missed or never sent. Every process taking the lock should set it: a
+    /// holder without it releases silently, and waiters then fall back to
+    /// their timed retry.
     pub notify: bool,
 }
 
@@ -75,6 +78,10 @@ impl LockOptions {
     }
 }
 
+fn request_timeout(options: &LockOptions) -> Duration {
+    options.request_timeout.max(Duration::from_millis(1))
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -92,9 +99,8 @@ struct Shared {
     protocol: ProtocolId,
     config: Config,
     settings: NodeSettings,
-    notify: bool,
-    retry_base: Duration,
-    retry_max: Duration,
+    /// With `notify`: the lock's release notices and line of waiters.
+    notices: Option<Arc<Notices>>,
 }
 
 /// The longest fallback wait between notified attempts.
@@ -102,7 +108,7 @@ const MAX_NOTIFY_FALLBACK: Duration = Duration::from_secs(2);
 
 impl Shared {
     fn new(
-        clients: Vec<redis::Client>,
+        nodes: &Nodes,
         name: String,
         options: &LockOptions,
         wanted: Kind,
@@ -117,7 +123,7 @@ impl Shared {
         }
         let config = Config {
             ttl_ms: millis(options.ttl),
-            nodes: u8::try_from(clients.len()).unwrap_or(u8::MAX),
+            nodes: u8::try_from(nodes.len()).unwrap_or(u8::MAX),
             limit: options.limit,
             drift_ms: options.drift.map(millis),
             reply_timeout_ms: None,
@@ -125,59 +131,64 @@ impl Shared {
             retry_max_ms: millis(options.retry_max).max(1),
             auto_renew: options.auto_renew,
             wait_replicas: options.wait_replicas,
+            notify_releases: options.notify,
             ..Config::new(name)
         };
         // Validate once, with a placeholder owner, so that a bad configuration
         // fails here rather than at the first acquire.
         build_machine(options.protocol, &config, Token("validation".into()))?;
-        let request_timeout = options.request_timeout.max(Duration::from_millis(1));
+        let routes = nodes.routes(options.protocol);
+        let notices = match (options.notify, routes.first()) {
+            (true, Some(route)) => Some(Notices::new(
+                route.client().clone(),
+                &config.key(),
+                request_timeout(options),
+            )),
+            _ => None,
+        };
         Ok(Shared {
-            routes: clients
-                .into_iter()
-                .map(|client| Route::for_protocol(options.protocol, client, request_timeout))
-                .collect(),
+            routes,
             protocol: options.protocol,
             config,
-            settings: NodeSettings { request_timeout },
-            notify: options.notify,
-            retry_base: options.retry_base.max(Duration::from_millis(1)),
-            retry_max: options.retry_max.max(Duration::from_millis(1)),
+            settings: NodeSettings {
+                request_timeout: request_timeout(options),
+            },
+            notices,
         })
     }
 
     async fn acquire(&self, how: How) -> Result<Option<LockGuard>, Error> {
-        if self.notify && how != How::Once {
-            self.acquire_notified(how).await
-        } else {
-            self.acquire_driven(how).await
+        match &self.notices {
+            Some(notices) if how != How::Once => self.acquire_notified(notices, how).await,
+            _ => self.acquire_driven(how).await,
         }
     }
 
-    /// Wait without polling: one attempt per release notification, with a
-    /// jittered fallback bounded by the holder's remaining TTL.
-    async fn acquire_notified(&self, how: How) -> Result<Option<LockGuard>, Error> {
-        use futures_util::StreamExt;
+    /// Wait without polling: in line behind this lock's other waiters, one
+    /// attempt per release notice (see the `notices` module), with a
+    /// jittered fallback retry in case a notice never comes.
+    async fn acquire_notified(
+        &self,
+        notices: &Arc<Notices>,
+        how: How,
+    ) -> Result<Option<LockGuard>, Error> {
         let deadline = match how {
             How::Within(d) => Some(tokio::time::Instant::now() + d),
             How::Once | How::Forever => None,
         };
-        // Subscribe before the first attempt, so that a release between a
-        // denied attempt and the wait is not missed. Without a subscription
-        // (the server refused it) the fallback retries still run.
-        let pattern = format!("{}*:released", self.config.key());
-        let mut messages = match self.routes[0].client().get_async_pubsub().await {
-            Ok(mut pubsub) => match pubsub.psubscribe(&pattern).await {
-                Ok(()) => Some(pubsub.into_on_message()),
-                Err(_) => None,
-            },
-            Err(_) => None,
-        };
-        let mut probe = None;
+        // In line (and subscribed) before the first attempt, so that a
+        // release between a denied attempt and the wait is not missed.
+        let ticket = notices.join().await;
+        let mut try_now = !ticket.had_waiters_ahead();
         loop {
-            if let Some(guard) = self.acquire_driven(How::Once).await? {
-                return Ok(Some(guard));
+            if try_now {
+                if let Some(guard) = self.acquire_driven(How::Once).await? {
+                    ticket.granted();
+                    return Ok(Some(guard));
+                }
             }
-            let mut wait = self.fallback_wait(&mut probe).await?;
+            try_now = true;
+            let mut wait = self.fallback_wait()?;
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
@@ -185,47 +196,17 @@ impl Shared {
                 }
                 wait = wait.min(left);
             }
-            match &mut messages {
-                Some(stream) => {
-                    tokio::select! {
-                        _ = stream.next() => tracing::debug!("release notification"),
-                        () = tokio::time::sleep(wait) => {}
-                    }
-                }
-                None => tokio::time::sleep(wait).await,
+            tokio::select! {
+                () = ticket.notified() => tracing::debug!("release notice"),
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
 
-    /// How long to wait for a notification before trying anyway: the
-    /// holder's remaining TTL (capped), jittered to 50–100 %.
-    async fn fallback_wait(
-        &self,
-        probe: &mut Option<redis::aio::MultiplexedConnection>,
-    ) -> Result<Duration, Error> {
-        if probe.is_none() {
-            *probe = self.routes[0]
-                .client()
-                .get_multiplexed_async_connection()
-                .await
-                .ok();
-        }
-        let pttl = match probe {
-            Some(conn) => redis::cmd("PTTL")
-                .arg(self.config.key())
-                .query_async::<i64>(conn)
-                .await
-                .ok(),
-            None => None,
-        };
-        let bound = match pttl {
-            // Gone already: try again soon.
-            Some(-2) | None => self.retry_base,
-            // No TTL on that key (a semaphore's set, or a TTL-less lock).
-            Some(ms) if ms < 0 => self.retry_max,
-            Some(ms) => Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 1),
-        }
-        .min(MAX_NOTIFY_FALLBACK);
+    /// How long to wait for a notice before trying anyway: the TTL (a hold
+    /// ends by then unless renewed), capped, jittered to 50–100 %.
+    fn fallback_wait(&self) -> Result<Duration, Error> {
+        let bound = Duration::from_millis(self.config.ttl_ms).min(MAX_NOTIFY_FALLBACK);
         let percent = 50 + seed()? % 51;
         Ok(bound * u32::try_from(percent).unwrap_or(100) / 100 + Duration::from_millis(1))
     }
@@ -238,9 +219,9 @@ impl Shared {
         );
         let op_span = tracing::info_span!(parent: &span, "acquire", ?how);
         async {
-            let token = owner_token()?;
+            let (token, seed) = token_and_seed()?;
             let config = Config {
-                seed: seed()?,
+                seed,
                 ..self.config.clone()
             };
             let machine = build_machine(self.protocol, &config, token)?;
@@ -253,7 +234,8 @@ impl Shared {
             let granted = driver.drive(&mut result).await.ok_or(Error::DriverGone)??;
             Ok(match granted {
                 Some(g) => Some(LockGuard {
-                    handle: driver.into_task(),
+                    lost: driver.lost(),
+                    holder: driver.into_holder(),
                     lease: g.lease,
                     cell: g.cell,
                     span,
@@ -314,21 +296,24 @@ impl fmt::Debug for Lock {
 }
 
 impl Lock {
-    /// A lock on `name` over `clients` (one node, or RedLock's masters).
-    /// Fails with [`Error::Config`] for a configuration the core rejects
-    /// (empty name, TTL 0 or too large, several nodes for a single-node
-    /// protocol) and [`Error::WrongKind`] for a semaphore protocol.
+    /// A lock on `name` over `clients` (one node, or RedLock's masters),
+    /// with connections of its own (shared by its clones). Fails with
+    /// [`Error::Config`] for a configuration the core rejects (empty name,
+    /// TTL 0 or too large, several nodes for a single-node protocol) and
+    /// [`Error::WrongKind`] for a semaphore protocol.
     pub fn new(
         clients: impl IntoIterator<Item = redis::Client>,
         name: impl Into<String>,
         options: LockOptions,
     ) -> Result<Lock, Error> {
-        let shared = Shared::new(
-            clients.into_iter().collect(),
-            name.into(),
-            &options,
-            Kind::Lock,
-        )?;
+        let nodes = Nodes::with_connect_timeout(clients, request_timeout(&options));
+        Lock::on(&nodes, name, options)
+    }
+
+    /// A lock on `name` over the connections of `nodes`, shared with every
+    /// other lock and semaphore on them. Fails as [`Lock::new`] does.
+    pub fn on(nodes: &Nodes, name: impl Into<String>, options: LockOptions) -> Result<Lock, Error> {
+        let shared = Shared::new(nodes, name.into(), &options, Kind::Lock)?;
         Ok(Lock {
             shared: Arc::new(shared),
         })
@@ -384,18 +369,25 @@ impl fmt::Debug for Semaphore {
 }
 
 impl Semaphore {
-    /// A semaphore on `name` with `options.limit` permits, on one node.
+    /// A semaphore on `name` with `options.limit` permits, on one node,
+    /// with connections of its own (shared by its clones).
     pub fn new(
         clients: impl IntoIterator<Item = redis::Client>,
         name: impl Into<String>,
         options: LockOptions,
     ) -> Result<Semaphore, Error> {
-        let shared = Shared::new(
-            clients.into_iter().collect(),
-            name.into(),
-            &options,
-            Kind::Semaphore,
-        )?;
+        let nodes = Nodes::with_connect_timeout(clients, request_timeout(&options));
+        Semaphore::on(&nodes, name, options)
+    }
+
+    /// A semaphore on `name` over the connections of `nodes`, shared with
+    /// every other lock and semaphore on them.
+    pub fn on(
+        nodes: &Nodes,
+        name: impl Into<String>,
+        options: LockOptions,
+    ) -> Result<Semaphore, Error> {
+        let shared = Shared::new(nodes, name.into(), &options, Kind::Semaphore)?;
         Ok(Semaphore {
             shared: Arc::new(shared),
         })
@@ -434,7 +426,8 @@ pub type Permit = LockGuard;
 /// the hold in the background (best effort: if that release cannot run,
 /// the TTL ends the hold).
 pub struct LockGuard {
-    handle: DriverHandle,
+    holder: Holder,
+    lost: watch::Receiver<bool>,
     lease: Lease,
     cell: LeaseCell,
     span: tracing::Span,
@@ -484,9 +477,15 @@ impl LockGuard {
         self.cell.snapshot().phase == Phase::Held && self.remaining() > Duration::ZERO
     }
 
-    /// Has the hold been lost?
+    /// Has the hold been lost (its validity ran out, or a renewal or extend
+    /// found the key gone or taken)?
     pub fn is_lost(&self) -> bool {
-        self.cell.snapshot().phase == Phase::Lost
+        let snapshot = self.cell.snapshot();
+        match snapshot.phase {
+            Phase::Lost => true,
+            Phase::Released => false,
+            Phase::Held => clock().now() >= snapshot.valid_until,
+        }
     }
 
     /// Resolves once, when the hold is lost: its validity ran out without a
@@ -494,25 +493,39 @@ impl LockGuard {
     /// resolves after a release. Use it in a `select!` beside the critical
     /// section.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut lost = self.handle.lost.clone();
+        let mut lost = self.lost.clone();
+        let cell = self.cell.clone();
         async move {
-            if lost.wait_for(|lost| *lost).await.is_err() {
-                // The driver stopped without a loss: nothing will come.
-                std::future::pending::<()>().await;
+            loop {
+                let snapshot = cell.snapshot();
+                let until = match snapshot.phase {
+                    Phase::Lost => return,
+                    Phase::Released => return std::future::pending::<()>().await,
+                    Phase::Held if clock().now() >= snapshot.valid_until => return,
+                    Phase::Held => clock().instant_of(snapshot.valid_until),
+                };
+                let expiry = async {
+                    match until {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    // Lost by the driver's word (a failed renewal or extend);
+                    // a driver gone without a word leaves the expiry.
+                    Ok(_) = lost.wait_for(|lost| *lost) => return,
+                    // Validity ran out, unless a renewal moved it: look again.
+                    () = expiry => {}
+                }
             }
         }
     }
 
     async fn call<T>(
-        &self,
+        &mut self,
         op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Op,
     ) -> Result<T, Error> {
-        let (done, result) = oneshot::channel();
-        self.handle
-            .ops
-            .send(op(done))
-            .map_err(|_| Error::DriverGone)?;
-        result.await.map_err(|_| Error::DriverGone)?
+        self.holder.call(op).await
     }
 
     /// Extend the hold by the TTL, measured from now.
@@ -530,7 +543,7 @@ impl LockGuard {
 
     /// Release the hold. `Ok(true)` when our hold was removed, `Ok(false)`
     /// when it was already gone (expired, or taken by someone else).
-    pub async fn release(self) -> Result<bool, Error> {
+    pub async fn release(mut self) -> Result<bool, Error> {
         let span = tracing::info_span!(parent: &self.span, "release");
         self.cell.release();
         match self

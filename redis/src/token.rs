@@ -7,12 +7,26 @@ use lockwright_core::Token;
 pub fn owner_token() -> Result<Token, Error> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| Error::Random(e.to_string()))?;
+    Ok(token_of(&bytes))
+}
+
+fn token_of(bytes: &[u8; 16]) -> Token {
     let mut hex = String::with_capacity(32);
-    for b in bytes {
+    for &b in bytes {
         hex.push(char::from(HEX[usize::from(b >> 4)]));
         hex.push(char::from(HEX[usize::from(b & 0xf)]));
     }
-    Ok(Token(hex))
+    Token(hex)
+}
+
+/// An owner token and a jitter seed from one read of the OS CSPRNG.
+pub(crate) fn token_and_seed() -> Result<(Token, u64), Error> {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Random(e.to_string()))?;
+    let (token, seed) = bytes.split_at(16);
+    let token: [u8; 16] = token.try_into().unwrap_or_default();
+    let seed: [u8; 8] = seed.try_into().unwrap_or_default();
+    Ok((token_of(&token), u64::from_le_bytes(seed)))
 }
 
 /// A seed for the machine's retry jitter.

@@ -3,9 +3,10 @@
 //! Public so that tests (the conformance suite) send exactly what the driver
 //! sends and read replies exactly as the driver reads them.
 
-use lockwright_core::keyspace::{Command, Reply, ScoreBound, SetCondition, SetExpiry};
+use lockwright_core::keyspace::{Command, Reply, ScoreBound, Script, SetCondition, SetExpiry};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, ErrorKind, RedisError, Value};
+use std::sync::OnceLock;
 
 /// The Redis command for a core [`Command`]. [`Command::Transaction`] and
 /// [`Command::Eval`] need more than one command: see [`execute`].
@@ -18,7 +19,9 @@ pub fn to_cmd(command: &Command) -> Cmd {
             expiry,
             get,
         } => {
-            let mut c = redis::cmd("SET");
+            // Sized up front: the command of every acquire.
+            let mut c = Cmd::with_capacity(7, 32 + key.len() + value.len());
+            c.arg("SET");
             c.arg(key).arg(value);
             match condition {
                 SetCondition::Always => {}
@@ -145,8 +148,17 @@ fn cmd_n(name: &str, keys: &[String]) -> Cmd {
 }
 
 fn eval_cmd(name: &str, script_or_sha: &str, keys: &[String], args: &[String]) -> Cmd {
-    let mut c = redis::cmd(name);
-    c.arg(script_or_sha).arg(keys.len()).arg(keys).arg(args);
+    // Sized up front: the command is built for every release and extend.
+    let data = name.len()
+        + script_or_sha.len()
+        + 4
+        + keys.iter().chain(args).map(String::len).sum::<usize>();
+    let mut c = Cmd::with_capacity(3 + keys.len() + args.len(), data);
+    c.arg(name)
+        .arg(script_or_sha)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
     c
 }
 
@@ -209,6 +221,20 @@ fn is_noscript(result: &Result<Value, RedisError>) -> bool {
     }
 }
 
+/// The SHA1 of each catalogue script's text, computed once.
+fn script_sha(script: Script) -> &'static str {
+    static SHAS: OnceLock<Vec<(Script, String)>> = OnceLock::new();
+    let shas = SHAS.get_or_init(|| {
+        Script::ALL
+            .iter()
+            .map(|&s| (s, redis::Script::new(s.lua()).get_hash().to_owned()))
+            .collect()
+    });
+    shas.iter()
+        .find(|(s, _)| *s == script)
+        .map_or("", |(_, sha)| sha.as_str())
+}
+
 /// Run one core command on `conn` and return Redis' raw answer.
 ///
 /// [`Command::Transaction`] runs as one `MULTI … EXEC` pipeline and answers
@@ -235,9 +261,8 @@ pub async fn execute(
         }
         Command::Eval { script, keys, args } => {
             let lua = script.lua();
-            let sha = redis::Script::new(lua).get_hash().to_owned();
             let first = conn
-                .req_packed_command(&eval_cmd("EVALSHA", &sha, keys, args))
+                .req_packed_command(&eval_cmd("EVALSHA", script_sha(*script), keys, args))
                 .await;
             if is_noscript(&first) {
                 tracing::debug!(script = script.name(), "NOSCRIPT: sending the script text");
@@ -287,6 +312,18 @@ mod tests {
             })
             .collect();
         assert_eq!(args, ["SET", "{a}", "t", "NX", "PX", "100"]);
+    }
+
+    #[test]
+    fn every_script_is_sent_by_the_sha1_of_its_text() {
+        for script in Script::ALL {
+            assert_eq!(
+                script_sha(script),
+                redis::Script::new(script.lua()).get_hash(),
+                "{}",
+                script.name()
+            );
+        }
     }
 
     #[test]

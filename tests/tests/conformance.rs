@@ -16,6 +16,7 @@
 //!
 //! `CI=true` runs 1,000 sequences; locally 100 (or `LOCKWRIGHT_CONFORMANCE_CASES`).
 
+use lockwright_core::keyspace::script::release_args;
 use lockwright_core::keyspace::{
     Command, ConnId, Keyspace, Reply, ScoreBound, Script, SetCondition, SetExpiry, Value,
 };
@@ -77,16 +78,20 @@ fn eval() -> impl Strategy<Value = Command> {
         value(),
         ttl_ms_arg(),
         prop_oneof![Just("1".to_owned()), Just("2".to_owned())],
+        any::<bool>(),
     )
-        .prop_map(|(script, ks, token, ttl, limit)| {
+        .prop_map(|(script, ks, token, ttl, limit, notify)| {
             let (keys, args) = match script {
                 Script::CompareAndDelete | Script::LeaseRelease => {
-                    (vec![ks[0].clone()], vec![token])
+                    (vec![ks[0].clone()], release_args(vec![token], notify))
                 }
                 Script::CompareAndPExpire | Script::LeaseRenew => {
                     (vec![ks[0].clone()], vec![token, ttl])
                 }
-                Script::ReentrantLock | Script::ReentrantUnlock | Script::ReentrantRenew => {
+                Script::ReentrantUnlock => {
+                    (vec![ks[0].clone()], release_args(vec![ttl, token], notify))
+                }
+                Script::ReentrantLock | Script::ReentrantRenew => {
                     (vec![ks[0].clone()], vec![ttl, token])
                 }
                 Script::FencedAcquire => (ks[..2].to_vec(), vec![token, ttl]),

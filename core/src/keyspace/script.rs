@@ -2,8 +2,10 @@
 //! meaning (executed atomically by the keyspace model). Each script's text
 //! lives here once; the conformance tests check that both agree.
 //!
-//! Release scripts also `PUBLISH` on the channel `<lock key>:released` so
-//! that waiters can be woken without polling; the keyspace model treats
+//! Release scripts also `PUBLISH` on the channel `<lock key>:released`, so
+//! that waiters can be woken without polling, when their last argument is
+//! `1` (see [`Config::notify_releases`](crate::Config::notify_releases));
+//! without it they are the classic scripts. The keyspace model treats
 //! `PUBLISH` as a no-op that reaches no subscriber.
 //!
 //! The model of each script is the same sequence of `redis.call`s as its
@@ -18,8 +20,10 @@ use super::{Command, Keyspace, Reply, ScoreBound, SetCondition, SetExpiry};
 /// A script of the catalogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Script {
-    /// `KEYS[1]` lock key, `ARGV[1]` token. Deletes the key when it holds the
-    /// token and returns 1 (publishing a release notice), else returns 0.
+    /// `KEYS[1]` lock key, `ARGV[1]` token, optional `ARGV[2]` = `1` to
+    /// publish a release notice. Deletes the key when it holds the token and
+    /// returns 1, else returns 0. Called with the token alone it is the
+    /// compare-and-delete of redis.io and most clients.
     CompareAndDelete,
     /// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl ms. Sets the TTL when
     /// the key holds the token and returns 1, else returns 0.
@@ -30,9 +34,10 @@ pub enum Script {
     /// otherwise returns the key's PTTL.
     ReentrantLock,
     /// Redisson's reentrant unlock. `KEYS[1]` hash key, `ARGV[1]` ttl ms,
-    /// `ARGV[2]` owner. Nil when the owner holds nothing; otherwise decrements
-    /// the count: when still positive sets the TTL and returns 0, else deletes
-    /// the key, publishes a release notice and returns 1.
+    /// `ARGV[2]` owner, optional `ARGV[3]` = `1` to publish a release notice.
+    /// Nil when the owner holds nothing; otherwise decrements the count: when
+    /// still positive sets the TTL and returns 0, else deletes the key,
+    /// publishes the notice if asked and returns 1.
     ReentrantUnlock,
     /// Redisson's watchdog renewal. `KEYS[1]` hash key, `ARGV[1]` ttl ms,
     /// `ARGV[2]` owner. Sets the TTL and returns 1 when the owner has a field,
@@ -50,8 +55,9 @@ pub enum Script {
     /// token with deadline now + ttl, `INCR`s the fence and returns it;
     /// otherwise returns nil.
     LeaseAcquire,
-    /// `KEYS[1]` permits zset, `ARGV[1]` token. `ZREM`s the token, publishes
-    /// a release notice when one was removed, returns the `ZREM` count.
+    /// `KEYS[1]` permits zset, `ARGV[1]` token, optional `ARGV[2]` = `1` to
+    /// publish a release notice. `ZREM`s the token, publishes the notice (if
+    /// asked) when one was removed, returns the `ZREM` count.
     LeaseRelease,
     /// `KEYS[1]` permits zset, `ARGV[1]` token, `ARGV[2]` ttl ms. Reads the
     /// server `TIME`, drops expired permits; when the token is still present
@@ -96,7 +102,9 @@ impl Script {
             Script::CompareAndDelete => {
                 r#"if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
-  redis.call('publish', KEYS[1] .. ':released', ARGV[1])
+  if ARGV[2] == '1' then
+    redis.call('publish', KEYS[1] .. ':released', ARGV[1])
+  end
   return 1
 end
 return 0"#
@@ -125,7 +133,9 @@ if counter > 0 then
   return 0
 end
 redis.call('del', KEYS[1])
-redis.call('publish', KEYS[1] .. ':released', ARGV[2])
+if ARGV[3] == '1' then
+  redis.call('publish', KEYS[1] .. ':released', ARGV[2])
+end
 return 1"#
             }
             Script::ReentrantRenew => {
@@ -158,7 +168,7 @@ return nil"#
             }
             Script::LeaseRelease => {
                 r#"local removed = redis.call('zrem', KEYS[1], ARGV[1])
-if removed > 0 then
+if removed > 0 and ARGV[2] == '1' then
   redis.call('publish', KEYS[1] .. ':released', ARGV[1])
 end
 return removed"#
@@ -175,6 +185,15 @@ return 0"#
             }
         }
     }
+}
+
+/// A release script's arguments: `args`, then `1` when the caller asks for a
+/// release notice (see [`Config::notify_releases`](crate::Config::notify_releases)).
+pub fn release_args(mut args: Vec<String>, notify: bool) -> Vec<String> {
+    if notify {
+        args.push("1".to_owned());
+    }
+    args
 }
 
 /// An error raised inside a script carries its location in real Redis:
@@ -232,6 +251,11 @@ impl Lua<'_> {
     }
 
     /// `ARGV[i + 1]` handed to `redis.call`.
+    /// `ARGV[i + 1] == '1'` (a missing argument is nil, which is not `'1'`).
+    fn flag(&self, i: usize) -> bool {
+        self.args.get(i).is_some_and(|a| a == "1")
+    }
+
     fn arg(&self, i: usize) -> Result<String, Reply> {
         self.args
             .get(i)
@@ -327,11 +351,13 @@ fn compare_and_delete(lua: &mut Lua<'_>) -> Run {
     lua.call(Command::Del {
         keys: vec![key.clone()],
     })?;
-    let message = lua.arg(0)?;
-    lua.call(Command::Publish {
-        channel: released(&key),
-        message,
-    })?;
+    if lua.flag(1) {
+        let message = lua.arg(0)?;
+        lua.call(Command::Publish {
+            channel: released(&key),
+            message,
+        })?;
+    }
     Ok(Reply::Int(1))
 }
 
@@ -391,10 +417,12 @@ fn reentrant_unlock(lua: &mut Lua<'_>) -> Run {
     lua.call(Command::Del {
         keys: vec![key.clone()],
     })?;
-    lua.call(Command::Publish {
-        channel: released(&key),
-        message: owner,
-    })?;
+    if lua.flag(2) {
+        lua.call(Command::Publish {
+            channel: released(&key),
+            message: owner,
+        })?;
+    }
     Ok(Reply::Int(1))
 }
 
@@ -490,7 +518,7 @@ fn lease_release(lua: &mut Lua<'_>) -> Run {
         key: key.clone(),
         members: vec![token.clone()],
     })?;
-    if removed.as_int().is_some_and(|n| n > 0) {
+    if removed.as_int().is_some_and(|n| n > 0) && lua.flag(1) {
         lua.call(Command::Publish {
             channel: released(&key),
             message: token,

@@ -16,6 +16,7 @@
 //! [`Grant::FencedScript`]).
 
 use crate::config::{Config, ConfigError};
+use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
     Acquire, Event, Fence, Lease, Outcome, ProtocolError, RequestId, Scaffold, Token, UsageError,
@@ -126,6 +127,7 @@ pub(crate) struct LeaseLock {
     drift_ms: u64,
     auto_renew: bool,
     wait_replicas: Option<u32>,
+    notify_releases: bool,
     token: Token,
     guard: Guard,
     grant: Grant,
@@ -153,6 +155,7 @@ impl LeaseLock {
             drift_ms: config.drift(),
             auto_renew,
             wait_replicas: config.wait_replicas,
+            notify_releases: config.notify_releases,
             token,
             guard,
             grant,
@@ -200,7 +203,7 @@ impl LeaseLock {
             (Guard::Script, Act::Delete) => Command::Eval {
                 script: Script::CompareAndDelete,
                 keys: vec![key],
-                args: vec![self.token.0.clone()],
+                args: release_args(vec![self.token.0.clone()], self.notify_releases),
             },
             (Guard::Script, Act::Expire) => Command::Eval {
                 script: Script::CompareAndPExpire,

@@ -59,6 +59,7 @@
 //! `clock-jump` and `restart` faults).
 
 use crate::config::{Config, ConfigError};
+use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
     Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold, Token,
@@ -251,6 +252,7 @@ pub struct Redlock {
     ttl_ms: u64,
     drift_ms: u64,
     reply_timeout_ms: u64,
+    notify_releases: bool,
     state: State,
     base: Scaffold<3>,
 }
@@ -281,6 +283,7 @@ impl Redlock {
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
             reply_timeout_ms,
+            notify_releases: config.notify_releases,
             state: State::Idle,
             // No per-request reply timer: a round arms REPLY once for all
             // of its masters.
@@ -329,7 +332,7 @@ impl Redlock {
             Op::Release => Command::Eval {
                 script: Script::CompareAndDelete,
                 keys: vec![self.key.clone()],
-                args: vec![self.token.0.clone()],
+                args: release_args(vec![self.token.0.clone()], self.notify_releases),
             },
         }
     }

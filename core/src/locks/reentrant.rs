@@ -56,6 +56,7 @@
 //! with every lease. Without fencing the resource cannot tell.
 
 use crate::config::{Config, ConfigError};
+use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script};
 use crate::protocol::{
     retry_at, Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold,
@@ -123,6 +124,7 @@ pub struct Reentrant {
     ttl_ms: u64,
     drift_ms: u64,
     auto_renew: bool,
+    notify_releases: bool,
     token: Token,
     hold: Option<Hold>,
     op: Op,
@@ -143,6 +145,7 @@ impl Reentrant {
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
             auto_renew: config.auto_renew,
+            notify_releases: config.notify_releases,
             token,
             hold: None,
             op: Op::Idle,
@@ -158,6 +161,11 @@ impl Reentrant {
     }
 
     fn send(&mut self, now: Millis, reply_timer: usize, script: Script) -> RequestId {
+        let args = vec![self.ttl_ms.to_string(), self.token.0.clone()];
+        let args = match script {
+            Script::ReentrantUnlock => release_args(args, self.notify_releases),
+            _ => args,
+        };
         self.base.send(
             now,
             NodeId(0),
@@ -165,7 +173,7 @@ impl Reentrant {
             Command::Eval {
                 script,
                 keys: vec![self.key.clone()],
-                args: vec![self.ttl_ms.to_string(), self.token.0.clone()],
+                args,
             },
         )
     }

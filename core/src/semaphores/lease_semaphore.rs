@@ -23,6 +23,7 @@
 
 use super::{engine_protocol, unexpected, Engine, EngineConfig, Next, Op, Recipe};
 use crate::config::{Config, ConfigError, MAX_LIMIT};
+use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{Fence, Token};
 use crate::time::Millis;
@@ -75,6 +76,7 @@ pub(crate) struct LeaseRecipe {
     token: String,
     ttl_ms: String,
     limit: String,
+    notify_releases: bool,
 }
 
 impl Recipe for LeaseRecipe {
@@ -98,7 +100,7 @@ impl Recipe for LeaseRecipe {
                 Command::Eval {
                     script: Script::LeaseRelease,
                     keys: vec![self.permits.clone()],
-                    args: vec![self.token.clone()],
+                    args: release_args(vec![self.token.clone()], self.notify_releases),
                 },
                 Step::Release,
             ),
@@ -148,6 +150,7 @@ impl LeaseSemaphore {
             token: token.0.clone(),
             ttl_ms: config.ttl_ms.to_string(),
             limit: config.limit.to_string(),
+            notify_releases: config.notify_releases,
         };
         let mut engine = EngineConfig::from(config, token);
         engine.auto_renew = config.auto_renew;
