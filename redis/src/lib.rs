@@ -13,10 +13,18 @@
 //!   renew (`reentrant`, `fenced`, `lease-semaphore`) renew while the guard
 //!   lives.
 //! - [`Cache::get_or_load`]: the cache-stampede guard, single flight per key.
-//! - The driver (one tokio task per hold, see the `driver` module docs)
-//!   runs requests on connections dedicated to that hold, `EVALSHA` with a
-//!   `NOSCRIPT` fallback to `EVAL`, `MULTI … EXEC` as one pipeline, and
-//!   turns connection errors and timeouts into the core's unknown outcome.
+//! - [`Nodes`]: one multiplexed connection per node, shared by every lock
+//!   and semaphore built on it with `Lock::on` / `Semaphore::on`
+//!   (`Lock::new` makes a private one). The protocols that `WATCH` get a
+//!   connection per hold instead. A connection the server closed is
+//!   replaced before the next request is written.
+//! - The driver (see the `driver` module docs) runs an acquire inside the
+//!   caller's future and a guard's release and extend inside theirs; only
+//!   holds that renew on their own get a task. It sends `EVALSHA` with a
+//!   `NOSCRIPT` fallback to `EVAL`, `MULTI … EXEC` as one pipeline, and turns
+//!   connection errors and timeouts into the core's unknown outcome.
+//! - Wake-on-release (`LockOptions::notify`): one subscription per lock,
+//!   its waiters served in line, one attempt per release notice.
 //! - Owner tokens are 128 bits from the OS CSPRNG. AUTH comes from the
 //!   `redis://user:password@host` URL, TLS from `rediss://` URLs (with the
 //!   crate feature `tls`); no password or owner token reaches Debug output
