@@ -278,8 +278,12 @@ pub(crate) struct Finished {
 /// back, for [`Route::Own`], the connection to keep using).
 struct InFlight {
     id: RequestId,
-    future: BoxFuture<'static, (Result<Reply, String>, Option<MultiplexedConnection>)>,
+    /// In a mutex only to make guards `Sync`; reached through `get_mut`,
+    /// which never locks.
+    future: Mutex<RequestFuture>,
 }
+
+type RequestFuture = BoxFuture<'static, (Result<Reply, String>, Option<MultiplexedConnection>)>;
 
 struct Link {
     route: Route,
@@ -348,7 +352,11 @@ impl Io {
             let Some(in_flight) = &mut link.in_flight else {
                 continue;
             };
-            let std::task::Poll::Ready((result, own)) = in_flight.future.as_mut().poll(cx) else {
+            let future = in_flight
+                .future
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner());
+            let std::task::Poll::Ready((result, own)) = future.as_mut().poll(cx) else {
                 continue;
             };
             let id = in_flight.id;
@@ -368,7 +376,7 @@ impl Link {
     fn start(&mut self, node: usize, request: Request, timeout: Duration) {
         tracing::trace!(id = request.id.0, node, "transmit");
         let id = request.id;
-        let future: BoxFuture<'static, _> = match &self.route {
+        let future: RequestFuture = match &self.route {
             Route::Shared(shared) => {
                 let shared = Arc::clone(shared);
                 Box::pin(async move { (run_shared(&shared, &request, timeout).await, None) })
@@ -379,7 +387,10 @@ impl Link {
                 Box::pin(async move { run_own(&client, conn, &request, timeout).await })
             }
         };
-        self.in_flight = Some(InFlight { id, future });
+        self.in_flight = Some(InFlight {
+            id,
+            future: Mutex::new(future),
+        });
     }
 }
 

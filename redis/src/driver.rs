@@ -95,7 +95,7 @@ pub(crate) fn new(
     span: tracing::Span,
 ) -> Inline {
     let (lost, _) = watch::channel(false);
-    Inline(Some(Driver {
+    Inline(Some(Box::new(Driver {
         machine,
         io: Io::new(routes, settings.request_timeout),
         ops: None,
@@ -106,13 +106,13 @@ pub(crate) fn new(
         last_io_error: None,
         sleep: None,
         span,
-    }))
+    })))
 }
 
 /// A driver run by the future that owns it. Dropped with work left (a
 /// request in flight, a hold), it moves to a task that finishes the work:
 /// it gives back any hold and stops.
-pub(crate) struct Inline(Option<Driver>);
+pub(crate) struct Inline(Option<Box<Driver>>);
 
 impl Inline {
     /// Hand `op` to the machine.
@@ -260,7 +260,7 @@ impl Driver {
         clock().instant_of(at).map(Instant::from_std)
     }
 
-    async fn run(mut self) {
+    async fn run(mut self: Box<Self>) {
         loop {
             self.drain();
             if self.should_stop() {

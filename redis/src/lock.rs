@@ -557,3 +557,18 @@ impl LockGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_and_guards_are_send_and_sync() {
+        assert_send_sync::<Lock>();
+        assert_send_sync::<Semaphore>();
+        assert_send_sync::<LockGuard>();
+        assert_send_sync::<Nodes>();
+    }
+}
