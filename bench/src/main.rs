@@ -6,8 +6,9 @@
 //! marketplace, the cache-stampede guard and the model checker, prints
 //! progress on stderr and writes `docs/benchmarks.md`.
 //!
-//! Flags: `--quick` (short windows, about 30 s, no model checking, written to
-//! `target/benchmarks-quick.md`), `--model` (check the model even with
+//! The default run takes about 3–4 minutes (each marketplace mix alone runs
+//! 10 s). Flags: `--quick` (short windows, about 30 s, no model checking,
+//! written to `target/benchmarks-quick.md`), `--model` (check the model even with
 //! `--quick`), `--no-model`, `--model-cap SECS` (per protocol × fault run,
 //! default 20), `--out PATH`.
 
@@ -71,7 +72,7 @@ fn parse_args(args: &[String]) -> Result<Settings> {
         warmup: Duration::from_millis(if quick { 150 } else { 300 }),
         window: Duration::from_millis(if quick { 500 } else { 2000 }),
         contention_window: Duration::from_millis(if quick { 1000 } else { 2500 }),
-        market_window: Duration::from_millis(if quick { 700 } else { 2500 }),
+        market_window: Duration::from_millis(if quick { 700 } else { 10_000 }),
         stampede_rounds: if quick { 2 } else { 5 },
         stampede_readers: 32,
         command: if quick {

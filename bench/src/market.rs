@@ -7,10 +7,11 @@
 //! with retries (the book's `list_item`/`purchase_item`), (b) one lock on the
 //! whole market, (c) one lock per item (the book's fine-grained locking).
 //! The locked variants run the same commands inside the lock with MULTI/EXEC
-//! but without WATCH.
+//! but without WATCH; every lock of a run (the per-item ones are made per
+//! operation) is on one shared [`Nodes`], so they share one connection.
 
 use crate::util::{BenchError, Result};
-use lockwright_redis::{Lock, LockOptions};
+use lockwright_redis::{Lock, LockOptions, Nodes};
 use redis::aio::MultiplexedConnection;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,6 +68,8 @@ struct Ctx {
     client: redis::Client,
     variant: Variant,
     options: LockOptions,
+    /// The connection every lock of the run shares.
+    nodes: Nodes,
     market_lock: Lock,
     stop: AtomicBool,
     tally: Mutex<Market>,
@@ -75,8 +78,8 @@ struct Ctx {
 impl Ctx {
     fn lock_for(&self, member: &str) -> Result<Lock> {
         match self.variant {
-            Variant::ItemLock => Ok(Lock::new(
-                [self.client.clone()],
+            Variant::ItemLock => Ok(Lock::on(
+                &self.nodes,
                 format!("market:{member}"),
                 self.options.clone(),
             )?),
@@ -111,10 +114,12 @@ pub(crate) async fn run(
             .query_async::<()>(&mut admin)
             .await?;
     }
+    let nodes = Nodes::new([client.clone()]);
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         variant,
-        market_lock: Lock::new([client.clone()], "market:", options.clone())?,
+        market_lock: Lock::on(&nodes, "market:", options.clone())?,
+        nodes,
         options,
         stop: AtomicBool::new(false),
         tally: Mutex::new(Market::default()),

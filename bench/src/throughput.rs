@@ -10,7 +10,7 @@
 use crate::util::{self, BenchError, Result};
 use futures_util::future::join_all;
 use lockwright_core::ProtocolId;
-use lockwright_redis::{Lock, LockOptions};
+use lockwright_redis::{Lock, LockOptions, Nodes};
 use redis::aio::MultiplexedConnection;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,16 +45,19 @@ pub(crate) enum Contender {
 }
 
 impl Contender {
-    /// The adapter running `protocol` over `clients`, one lock per task.
+    /// The adapter running `protocol` over `clients`, one lock per task,
+    /// every lock on one [`Nodes`] (one connection per master, as rslock's
+    /// manager and the raw loop have).
     pub(crate) fn adapter(
         protocol: ProtocolId,
         clients: &[redis::Client],
         tasks: usize,
     ) -> Result<Contender> {
+        let nodes = Nodes::new(clients.to_vec());
         let locks = (0..tasks)
             .map(|t| {
-                Lock::new(
-                    clients.to_vec(),
+                Lock::on(
+                    &nodes,
                     format!("tp:{protocol}:{}:{t}", clients.len()),
                     LockOptions::new(protocol, TTL),
                 )
@@ -176,6 +179,18 @@ pub(crate) struct Point {
     pub(crate) connections_per_cycle: f64,
     /// Commands per cycle by name.
     pub(crate) commands: BTreeMap<String, u64>,
+    /// The bench process's CPU time (user + system) per cycle, in µs
+    /// (`None` where `/proc/self/stat` cannot be read).
+    pub(crate) client_cpu_us: Option<f64>,
+    /// The masters' CPU time (`INFO cpu` user + system, summed) per cycle,
+    /// in µs.
+    pub(crate) server_cpu_us: f64,
+    /// The CPUs busy on average over the window: (client + server CPU time)
+    /// ÷ wall time.
+    pub(crate) cpus_busy: f64,
+    /// The share of the machine's CPU time that was busy over the window,
+    /// whoever used it (`/proc/stat`), 0–1.
+    pub(crate) machine_busy: Option<f64>,
 }
 
 /// `total_connections_received` of `INFO stats`.
@@ -189,7 +204,8 @@ async fn connections_received(conn: &mut MultiplexedConnection) -> Result<u64> {
 }
 
 /// Run `tasks` tasks of `contender` for `warmup`, then count cycles (and the
-/// commands and connections the servers behind `admins` saw) for `window`.
+/// commands, connections and CPU time the servers behind `admins` saw, and
+/// this process's CPU time) for `window`.
 pub(crate) async fn measure(
     admins: &mut [MultiplexedConnection],
     contender: Arc<Contender>,
@@ -221,11 +237,16 @@ pub(crate) async fn measure(
         }));
     }
     tokio::time::sleep(warmup).await;
+    let ticks = util::clock_ticks();
     let mut conns0 = 0;
+    let mut server0 = 0.0;
     for admin in admins.iter_mut() {
         util::reset_stats(admin).await?;
         conns0 += connections_received(admin).await?;
+        server0 += util::server_cpu(admin).await?;
     }
+    let client0 = util::process_cpu(ticks);
+    let machine0 = util::machine_cpu();
     let (c0, a0, t0) = (
         cycles.load(Ordering::Relaxed),
         anomalies.load(Ordering::Relaxed),
@@ -237,6 +258,12 @@ pub(crate) async fn measure(
         anomalies.load(Ordering::Relaxed),
         t0.elapsed(),
     );
+    let client1 = util::process_cpu(ticks);
+    let machine1 = util::machine_cpu();
+    let mut server1 = 0.0;
+    for admin in admins.iter_mut() {
+        server1 += util::server_cpu(admin).await?;
+    }
     let mut commands: BTreeMap<String, u64> = BTreeMap::new();
     let mut conns1 = 0;
     for admin in admins.iter_mut() {
@@ -250,6 +277,12 @@ pub(crate) async fn measure(
         h.await??;
     }
     let done = c1 - c0;
+    let per = done.max(1) as f64;
+    let client = match (client0, client1) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
+        _ => None,
+    };
+    let server = (server1 - server0).max(0.0);
     Ok(Point {
         cycles: done,
         per_sec: done as f64 / elapsed.as_secs_f64(),
@@ -257,5 +290,14 @@ pub(crate) async fn measure(
         commands_per_cycle: commands.values().sum::<u64>() as f64 / done.max(1) as f64,
         connections_per_cycle: conns1.saturating_sub(conns0) as f64 / done.max(1) as f64,
         commands,
+        client_cpu_us: client.map(|c| c * 1e6 / per),
+        server_cpu_us: server * 1e6 / per,
+        cpus_busy: (client.unwrap_or(0.0) + server) / elapsed.as_secs_f64(),
+        machine_busy: match (machine0, machine1) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                Some(b1.saturating_sub(b0) as f64 / (t1 - t0) as f64)
+            }
+            _ => None,
+        },
     })
 }

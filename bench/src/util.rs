@@ -119,6 +119,83 @@ pub(crate) async fn command_counts(
     Ok(counts)
 }
 
+/// Clock ticks per second of `/proc/<pid>/stat` times: `AT_CLKTCK` from
+/// `/proc/self/auxv` (what `getconf CLK_TCK` reports), else `getconf
+/// CLK_TCK`, else 100 (the Linux default).
+pub(crate) fn clock_ticks() -> u64 {
+    const AT_CLKTCK: u64 = 17;
+    let from_auxv = std::fs::read("/proc/self/auxv").ok().and_then(|bytes| {
+        let word = std::mem::size_of::<usize>();
+        bytes.chunks_exact(2 * word).find_map(|pair| {
+            let read = |b: &[u8]| {
+                let mut buf = [0u8; 8];
+                buf[..word].copy_from_slice(b);
+                u64::from_ne_bytes(buf)
+            };
+            let (key, value) = pair.split_at(word);
+            (read(key) == AT_CLKTCK).then(|| read(value))
+        })
+    });
+    from_auxv
+        .or_else(|| {
+            std::process::Command::new("getconf")
+                .arg("CLK_TCK")
+                .output()
+                .ok()
+                .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        })
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
+}
+
+/// This process's CPU time so far (user + system, every thread; children
+/// not included), from `/proc/self/stat`; `None` where it cannot be read.
+pub(crate) fn process_cpu(ticks_per_sec: u64) -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name: state is field 3, utime
+    // field 14 and stime field 15.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    let ticks = utime + stime;
+    let tps = ticks_per_sec.max(1);
+    Some(Duration::from_secs(ticks / tps) + Duration::from_secs(ticks % tps) / tps as u32)
+}
+
+/// The machine's busy and total CPU time so far, in ticks (the `cpu` line
+/// of `/proc/stat`; busy is everything but idle and iowait), or `None`.
+pub(crate) fn machine_cpu() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// `used_cpu_user + used_cpu_sys` of a server's `INFO cpu`, in seconds.
+pub(crate) fn server_cpu_seconds(info: &str) -> f64 {
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// A server's CPU time so far (`INFO cpu`), in seconds.
+pub(crate) async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Result<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    Ok(server_cpu_seconds(&info))
+}
+
 /// `counts` as `name×n` pairs, largest first.
 pub(crate) fn render_counts(counts: &BTreeMap<String, u64>, per: f64) -> String {
     let mut pairs: Vec<(&String, &u64)> = counts.iter().collect();
@@ -152,5 +229,19 @@ mod tests {
         assert_eq!(c.get("set"), Some(&12));
         assert_eq!(c.get("client|setinfo"), Some(&4));
         assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn server_cpu_sums_user_and_sys_only() {
+        let info = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\n\
+                    used_cpu_sys_children:9.0\r\nused_cpu_user_main_thread:2.0\r\n";
+        assert!((server_cpu_seconds(info) - 3.75).abs() < 1e-9);
+    }
+
+    #[test]
+    fn process_cpu_is_readable_here() {
+        let ticks = clock_ticks();
+        assert!(ticks > 0);
+        assert!(process_cpu(ticks).is_some());
     }
 }
