@@ -409,6 +409,20 @@ fn finished(id: RequestId, result: Result<Reply, String>) -> Finished {
     }
 }
 
+/// Run `request` on `conn` within `timeout`. `Err`: a connection problem or
+/// the timeout (the outcome is unknown); server errors are replies.
+async fn execute(
+    conn: &mut MultiplexedConnection,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Reply, String> {
+    match tokio::time::timeout(timeout, wire::execute_reply(conn, &request.command)).await {
+        Ok(Ok(reply)) => Ok(reply),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("request timed out".to_owned()),
+    }
+}
+
 async fn run_shared(
     shared: &SharedConn,
     request: &Request,
@@ -417,22 +431,11 @@ async fn run_shared(
     // A failed connect means the request was never written: still an
     // unknown outcome for the machine (it cannot tell), with the reason.
     let mut live = shared.get().await.map_err(|e| e.to_string())?;
-    match tokio::time::timeout(
-        timeout,
-        wire::execute_reply(&mut live.conn, &request.command),
-    )
-    .await
-    {
-        Ok(Ok(reply)) => Ok(reply),
-        Ok(Err(e)) => {
-            shared.retire(live.generation);
-            Err(e.to_string())
-        }
-        Err(_) => {
-            shared.retire(live.generation);
-            Err("request timed out".to_owned())
-        }
+    let result = execute(&mut live.conn, request, timeout).await;
+    if result.is_err() {
+        shared.retire(live.generation);
     }
+    result
 }
 
 async fn run_own(
@@ -448,11 +451,10 @@ async fn run_own(
             Err(e) => return (Err(e.to_string()), None),
         },
     };
-    match tokio::time::timeout(timeout, wire::execute_reply(&mut conn, &request.command)).await {
-        Ok(Ok(reply)) => (Ok(reply), Some(conn)),
-        // The connection (and any WATCH on it) is dropped: the next request
-        // reconnects, and the server forgets the watch with the old socket.
-        Ok(Err(e)) => (Err(e.to_string()), None),
-        Err(_) => (Err("request timed out".to_owned()), None),
-    }
+    let result = execute(&mut conn, request, timeout).await;
+    // After a failure the connection (and any WATCH on it) is dropped: the
+    // next request reconnects, and the server forgets the watch with the
+    // old socket.
+    let keep = result.is_ok().then_some(conn);
+    (result, keep)
 }
