@@ -146,10 +146,12 @@ end
 return 0"#
             }
             Script::FencedAcquire => {
-                r#"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('incr', KEYS[2])
+                r#"if redis.call('exists', KEYS[1]) == 1 then
+  return nil
 end
-return nil"#
+local fence = redis.call('incr', KEYS[2])
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return fence"#
             }
             Script::LeaseAcquire => {
                 r#"local t = redis.call('time')
@@ -161,8 +163,9 @@ if not limit then
   redis.call('set', KEYS[3], limit)
 end
 if redis.call('zcard', KEYS[1]) < tonumber(limit) then
+  local fence = redis.call('incr', KEYS[2])
   redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-  return redis.call('incr', KEYS[2])
+  return fence
 end
 return nil"#
             }
@@ -442,23 +445,30 @@ fn reentrant_renew(lua: &mut Lua<'_>) -> Run {
 }
 
 fn fenced_acquire(lua: &mut Lua<'_>) -> Run {
+    // The fence is issued before the key is set, so that a fence that
+    // cannot be issued (a non-number at the fence key) leaves no lock key
+    // behind: a script's error does not undo its earlier writes.
     let key = lua.key(0)?;
+    if lua.call(Command::Exists {
+        keys: vec![key.clone()],
+    })? == Reply::Int(1)
+    {
+        return Ok(Reply::Nil);
+    }
+    let fence_key = lua.key(1)?;
+    let fence = lua.call(Command::Incr { key: fence_key })?;
     let value = lua.arg(0)?;
     // SET parses PX as an integer; a non-positive one is refused by SET
     // itself with "invalid expire time".
     let ms = lua.int_arg(1)?;
-    let set = lua.call(Command::Set {
+    lua.call(Command::Set {
         key,
         value,
-        condition: SetCondition::Nx,
+        condition: SetCondition::Always,
         expiry: SetExpiry::Px(u64::try_from(ms).unwrap_or(0)),
         get: false,
     })?;
-    if set == Reply::Nil {
-        return Ok(Reply::Nil);
-    }
-    let fence = lua.key(1)?;
-    lua.call(Command::Incr { key: fence })
+    Ok(fence)
 }
 
 /// The lease scripts' first step: read the server clock and drop the
@@ -501,14 +511,16 @@ fn lease_acquire(lua: &mut Lua<'_>) -> Run {
     if held.as_int().is_none_or(|held| held >= limit) {
         return Ok(Reply::Nil);
     }
+    // The fence first, as in fenced-acquire: no permit without a fence.
+    let fence_key = lua.key(1)?;
+    let fence = lua.call(Command::Incr { key: fence_key })?;
     let ttl = lua_number(lua.args.get(1).map(String::as_str), 10, ARITHMETIC_NIL)?;
     let token = lua.arg(0)?;
     lua.call(Command::ZAdd {
         key: permits,
         members: vec![(now.saturating_add(ttl), token)],
     })?;
-    let fence = lua.key(1)?;
-    lua.call(Command::Incr { key: fence })
+    Ok(fence)
 }
 
 fn lease_release(lua: &mut Lua<'_>) -> Run {
