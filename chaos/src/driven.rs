@@ -177,8 +177,8 @@ impl DrivenMachine {
         };
         if self.connections[index].is_none() {
             let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(self.request_timeout)
-                .set_response_timeout(self.request_timeout);
+                .set_connection_timeout(Some(self.request_timeout))
+                .set_response_timeout(Some(self.request_timeout));
             match client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await

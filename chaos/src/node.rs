@@ -217,8 +217,8 @@ impl RedisNode {
         timeout: Duration,
     ) -> Result<MultiplexedConnection, ChaosError> {
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout);
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
         Ok(self
             .client()?
             .get_multiplexed_async_connection_with_config(&config)

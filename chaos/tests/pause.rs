@@ -27,6 +27,7 @@ const ROUNDS: usize = 3;
 async fn paused_holder(urls: &[String], protocol: ProtocolId, history: &History) {
     let options = LockOptions {
         auto_renew: false,
+        request_timeout: Duration::from_millis(200),
         ..LockOptions::new(protocol, TTL)
     };
     let lock = Lock::new(common::clients(urls), "pause", options).expect("lock");

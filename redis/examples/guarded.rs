@@ -9,8 +9,7 @@
 //! with a lock it no longer holds, and every write carries the fence so that
 //! the resource can refuse a stale holder anyway.
 
-use lockwright_core::ProtocolId;
-use lockwright_redis::{Error, Lock, LockOptions};
+use lockwright_redis::{redis, Error, Lock, LockOptions, ProtocolId};
 use std::time::Duration;
 
 #[tokio::main]

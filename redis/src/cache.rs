@@ -45,10 +45,18 @@ impl Default for CacheOptions {
 }
 
 /// A cache in front of a slow loader, on one Redis node.
+///
+/// Keys are namespaced by the cache's name: the value of `key` in the cache
+/// `name` is stored at `<name>:<key>`, and its load is guarded by the lock
+/// `{lock:<name>:<key>}`.
 #[derive(Clone)]
 pub struct Cache {
     /// One multiplexed connection, shared by every call (and every clone).
     route: Route,
+    /// The cache's name: the namespace of its keys.
+    name: String,
+    /// The per-key locks' configuration (named `lock`: the guard names each
+    /// key's lock `lock:<value key>`).
     config: Config,
     cache_ttl_ms: u64,
     request_timeout: Duration,
@@ -57,11 +65,8 @@ pub struct Cache {
 impl fmt::Debug for Cache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
-            .field("name", &self.config.name)
-            .field(
-                "node",
-                &self.route.client().get_connection_info().addr.to_string(),
-            )
+            .field("name", &self.name)
+            .field("node", &self.route.describe())
             .finish_non_exhaustive()
     }
 }
@@ -71,18 +76,21 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl Cache {
-    /// A cache whose per-key locks are named `<name>:<key>`.
+    /// A cache whose keys are namespaced by `name` (see [`Cache`]).
     pub fn new(
         client: redis::Client,
         name: impl Into<String>,
         options: CacheOptions,
     ) -> Result<Cache, Error> {
+        let name = name.into();
+        // Validate the name as a lock name would be.
+        Config::new(name.clone()).validate()?;
         let config = Config {
             ttl_ms: millis(options.load_timeout),
             retry_base_ms: millis(options.reread).max(1),
             retry_max_ms: millis(options.reread).max(1),
             guard_lock: options.guard_lock,
-            ..Config::new(name)
+            ..Config::new("lock")
         };
         let cache_ttl_ms = millis(options.cache_ttl);
         // Validate once.
@@ -90,6 +98,7 @@ impl Cache {
         let request_timeout = options.request_timeout.max(Duration::from_millis(1));
         Ok(Cache {
             route: Route::Shared(Arc::new(SharedConn::new(client, request_timeout))),
+            name,
             config,
             cache_ttl_ms,
             request_timeout,
@@ -107,7 +116,7 @@ impl Cache {
         Fut: Future<Output = Result<String, E>>,
         E: fmt::Display,
     {
-        let span = tracing::info_span!("get_or_load", cache = %self.config.name, key);
+        let span = tracing::info_span!("get_or_load", cache = %self.name, key);
         self.run(key, loader).instrument(span).await
     }
 
@@ -122,12 +131,22 @@ impl Cache {
             ..self.config.clone()
         };
         let mut guard = StampedeGuard::new(&config, self.cache_ttl_ms, owner_token()?)?;
-        let mut io = Io::new(std::slice::from_ref(&self.route), self.request_timeout);
+        let mut io = Io::new(
+            std::slice::from_ref(&self.route),
+            self.request_timeout,
+            None,
+        );
         let mut loader = Some(loader);
         let mut loaded: Option<String> = None;
         let mut load_error: Option<String> = None;
         let mut last_io_error: Option<String> = None;
-        guard.get_or_load(clock().now(), key)?;
+        // An empty key stays empty, for the guard to refuse.
+        let key = if key.is_empty() {
+            String::new()
+        } else {
+            format!("{}:{key}", self.name)
+        };
+        guard.get_or_load(clock().now(), &key)?;
         loop {
             while let Some(request) = guard.poll_transmit() {
                 let id = request.id;
@@ -177,9 +196,12 @@ impl Cache {
                 .map(tokio::time::Instant::from_std);
             let busy = !io.is_idle();
             tokio::select! {
-                Finished { id, outcome, io_error } = io.next(), if busy => {
-                    if io_error.is_some() {
-                        last_io_error = io_error;
+                Finished { id, outcome, failure, .. } = io.next(), if busy => {
+                    if let Some(failure) = failure {
+                        if let Some(error) = failure.permanent {
+                            return Err(error);
+                        }
+                        last_io_error = Some(failure.text);
                     }
                     guard.handle_reply(clock().now(), id, outcome);
                 }

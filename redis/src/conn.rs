@@ -27,21 +27,65 @@
 //! a time (the next is written when the previous one's reply is in);
 //! requests to different nodes (RedLock) run in parallel.
 
+use crate::keys::KeyMap;
+use crate::notices::Hub;
+use crate::source::{SentinelGroup, Source};
 use crate::wire;
+use crate::Error;
 use futures_util::future::BoxFuture;
 use lockwright_core::keyspace::Reply;
 use lockwright_core::{Outcome, Request, RequestId};
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::Value;
 use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// A connection to one node, or to a Redis Cluster (which routes each
+/// request to the master of its keys' slot and follows `MOVED`/`ASK`).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// One node.
+    Single(MultiplexedConnection),
+    /// A Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// A live shared connection.
 #[derive(Clone)]
 struct Live {
-    conn: MultiplexedConnection,
+    conn: Conn,
     /// Set when the connection's I/O task has ended (`None`: the connection
     /// was opened by redis-rs, which does not say; see [`connect`]).
     closed: Option<Arc<AtomicBool>>,
@@ -59,19 +103,28 @@ impl Live {
 /// One node's shared multiplexed connection, opened lazily and reopened
 /// after it closes or fails.
 pub(crate) struct SharedConn {
-    client: redis::Client,
+    source: Arc<Source>,
     /// The connect timeout.
     timeout: Duration,
     live: Mutex<Option<Live>>,
     /// One connect at a time; the others wait for it and share its result.
     connecting: tokio::sync::Mutex<()>,
     generations: AtomicU64,
+    /// The node's pub/sub connection for release notices (opened by the
+    /// first lock with `notify` that waits).
+    pub(crate) hub: Arc<Hub>,
 }
 
 impl SharedConn {
     pub(crate) fn new(client: redis::Client, timeout: Duration) -> SharedConn {
+        SharedConn::from_source(Source::Direct(Box::new(client)), timeout)
+    }
+
+    fn from_source(source: Source, timeout: Duration) -> SharedConn {
+        let source = Arc::new(source);
         SharedConn {
-            client,
+            hub: Hub::new(Arc::clone(&source), timeout),
+            source,
             timeout,
             live: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
@@ -92,7 +145,19 @@ impl SharedConn {
         if let Some(live) = self.current() {
             return Ok(live);
         }
-        let (conn, closed) = connect(&self.client, self.timeout).await?;
+        let (conn, closed) = match &*self.source {
+            Source::Cluster { client, .. } => {
+                let conn = tokio::time::timeout(self.timeout, client.get_async_connection())
+                    .await
+                    .map_err(|_| RedisError::from((redis::ErrorKind::Io, "connect timed out")))??;
+                (Conn::Cluster(conn), None)
+            }
+            _ => {
+                let client = self.source.client(self.timeout).await?;
+                let (conn, closed) = connect(&client, self.timeout).await?;
+                (Conn::Single(conn), closed)
+            }
+        };
         let live = Live {
             conn,
             closed,
@@ -123,25 +188,25 @@ async fn connect(
     timeout: Duration,
 ) -> Result<(MultiplexedConnection, Option<Arc<AtomicBool>>), RedisError> {
     // Replies are timed by each request's own timeout (see `run_shared`).
-    let config = AsyncConnectionConfig::new().set_connection_timeout(timeout);
+    let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout));
     let info = client.get_connection_info();
-    let ConnectionAddr::Tcp(host, port) = &info.addr else {
+    let ConnectionAddr::Tcp(host, port) = info.addr() else {
         let conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
         return Ok((conn, None));
     };
-    let timed_out = || RedisError::from((redis::ErrorKind::IoError, "connect timed out"));
-    let stream = tokio::time::timeout(
-        timeout,
-        tokio::net::TcpStream::connect((host.as_str(), *port)),
-    )
-    .await
-    .map_err(|_| timed_out())??;
+    let timed_out = || RedisError::from((redis::ErrorKind::Io, "connect timed out"));
+    let addresses = tokio::time::timeout(timeout, resolve(host, *port))
+        .await
+        .map_err(|_| timed_out())??;
+    let stream = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&addresses[..]))
+        .await
+        .map_err(|_| timed_out())??;
     stream.set_nodelay(true)?;
     let (conn, io_task) = tokio::time::timeout(
         timeout,
-        MultiplexedConnection::new_with_config(&info.redis, stream, config),
+        MultiplexedConnection::new_with_config(info.redis_settings(), stream, config),
     )
     .await
     .map_err(|_| timed_out())??;
@@ -155,6 +220,86 @@ async fn connect(
     Ok((conn, Some(closed)))
 }
 
+/// A connection of its own to `source`'s node as of now.
+async fn connect_to(
+    source: &Source,
+    timeout: Duration,
+) -> Result<MultiplexedConnection, RedisError> {
+    let client = source.client(timeout).await?;
+    Ok(connect(&client, timeout).await?.0)
+}
+
+/// The addresses of `host`. A name that does not exist fails with an error
+/// [`classify`] tells apart from a resolver that is down for a while.
+async fn resolve(host: &str, port: u16) -> Result<Vec<std::net::SocketAddr>, RedisError> {
+    match tokio::net::lookup_host((host, port)).await {
+        Ok(found) => {
+            let found: Vec<_> = found.collect();
+            if found.is_empty() {
+                Err(unknown_host(host, "no address"))
+            } else {
+                Ok(found)
+            }
+        }
+        // EAI_AGAIN ("Temporary failure in name resolution") may clear;
+        // anything else (EAI_NONAME, ...) is an answer about the name.
+        Err(e) if e.to_string().contains("Temporary failure") => Err(e.into()),
+        Err(e) => Err(unknown_host(host, &e.to_string())),
+    }
+}
+
+const UNKNOWN_HOST: &str = "unknown host";
+
+fn unknown_host(host: &str, why: &str) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::Client,
+        UNKNOWN_HOST,
+        format!("{host}: {why}"),
+    ))
+}
+
+/// A request that got no reply, or could not be sent: why, and whether a
+/// retry can mend it.
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    /// The problem, for logs and errors (never a password: redis-rs errors
+    /// do not carry the URL).
+    pub(crate) text: String,
+    /// `Some`: no retry can mend it (wrong password, unknown host, a reply
+    /// that is not the Redis protocol).
+    pub(crate) permanent: Option<Error>,
+}
+
+impl Failure {
+    fn transient(text: impl Into<String>) -> Failure {
+        Failure {
+            text: text.into(),
+            permanent: None,
+        }
+    }
+}
+
+/// Sort a connection-level error: permanent (authentication, unknown host,
+/// protocol) or transient (refused, reset, timed out: the server may come
+/// back).
+pub(crate) fn classify(e: &RedisError) -> Failure {
+    let text = e.to_string();
+    let permanent = if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+    {
+        Some(Error::Auth(text.clone()))
+    } else if e.kind() == redis::ErrorKind::Client && text.contains(UNKNOWN_HOST) {
+        Some(Error::UnknownHost(
+            e.detail().map_or_else(|| text.clone(), str::to_owned),
+        ))
+    } else if e.kind() == redis::ErrorKind::Parse {
+        Some(Error::Protocol(text.clone()))
+    } else {
+        None
+    };
+    Failure { text, permanent }
+}
+
 /// Connections to a set of Redis nodes (one node, or RedLock's masters),
 /// shared by every [`Lock`](crate::Lock) and [`Semaphore`](crate::Semaphore)
 /// built on it with `Lock::on` / `Semaphore::on`: one multiplexed
@@ -166,8 +311,7 @@ async fn connect(
 /// opens connections of its own.
 ///
 /// ```no_run
-/// use lockwright_core::ProtocolId;
-/// use lockwright_redis::{Lock, LockOptions, Nodes};
+/// use lockwright_redis::{redis, Lock, LockOptions, Nodes, ProtocolId};
 /// use std::time::Duration;
 ///
 /// # async fn demo() -> Result<(), lockwright_redis::Error> {
@@ -214,6 +358,114 @@ impl Nodes {
         }
     }
 
+    /// One node: the master of the Sentinel group `master_name`, as named
+    /// by `sentinels` (asked in order) each time a connection is opened, so
+    /// that after a failover the next connection goes to the new master.
+    /// Connections to the master use `master`'s credentials, database and
+    /// protocol (its address is not used). A connection to a master that
+    /// has been demoted ends when Sentinel reconfigures it, or at its first
+    /// `READONLY` reply (an unknown outcome), and the next request
+    /// reconnects; a hold whose key the new master does not have is then
+    /// reported lost by its next renewal or extend.
+    ///
+    /// ```no_run
+    /// use lockwright_redis::{redis, Lock, LockOptions, Nodes, ProtocolId};
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo() -> Result<(), lockwright_redis::Error> {
+    /// let sentinels = ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"]
+    ///     .map(|url| redis::Client::open(url).expect("a valid URL"));
+    /// let master = redis::Client::open("redis://:secret@master/").expect("a valid URL");
+    /// let nodes = Nodes::sentinel(sentinels, "mymaster", master, Duration::from_secs(1));
+    /// let lock = Lock::on(&nodes, "invoices", LockOptions::new(ProtocolId::Fenced, Duration::from_secs(5)))?;
+    /// let guard = lock.acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel(
+        sentinels: impl IntoIterator<Item = redis::Client>,
+        master_name: impl Into<String>,
+        master: redis::Client,
+        connect_timeout: Duration,
+    ) -> Nodes {
+        let group = SentinelGroup {
+            sentinels: sentinels.into_iter().collect(),
+            master_name: master_name.into(),
+            template: master,
+        };
+        let timeout = connect_timeout.max(Duration::from_millis(1));
+        Nodes {
+            shared: Arc::from([Arc::new(SharedConn::from_source(
+                Source::Sentinel(Box::new(group)),
+                timeout,
+            ))]),
+        }
+    }
+
+    /// One node that is a whole Redis Cluster, reached through `seeds` (any
+    /// of its nodes; their credentials are used for every node). Each
+    /// request goes to the master of its keys' slot, and the client follows
+    /// `MOVED` and `ASK` redirections, so each lock's machine runs against
+    /// the master of its slot: every key of a lock (`{name}`,
+    /// `{name}:fence`, ...) carries the hash tag `{name}`, so they share a
+    /// slot. Release notices come over a pub/sub connection to the first
+    /// seed (a Cluster delivers every `PUBLISH` to every node).
+    ///
+    /// The protocols that `WATCH` (`setnx-del`, `setnx-expire`,
+    /// `set-px-watch`, `watch-semaphore`) need a connection of their own to
+    /// one node and are refused on a Cluster
+    /// ([`OptionsError::WatchOnCluster`](crate::OptionsError::WatchOnCluster)).
+    ///
+    /// ```no_run
+    /// use lockwright_redis::{redis, Lock, LockOptions, Nodes, ProtocolId};
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo() -> Result<(), lockwright_redis::Error> {
+    /// let seeds = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]
+    ///     .map(|url| redis::Client::open(url).expect("a valid URL"));
+    /// let nodes = Nodes::cluster(seeds, Duration::from_secs(1))?;
+    /// let lock = Lock::on(&nodes, "invoices", LockOptions::new(ProtocolId::Fenced, Duration::from_secs(5)))?;
+    /// let guard = lock.acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster(
+        seeds: impl IntoIterator<Item = redis::Client>,
+        connect_timeout: Duration,
+    ) -> Result<Nodes, Error> {
+        let seeds: Vec<redis::Client> = seeds.into_iter().collect();
+        let Some(seed) = seeds.first().cloned() else {
+            return Err(Error::Unavailable("a cluster needs a seed node".into()));
+        };
+        let timeout = connect_timeout.max(Duration::from_millis(1));
+        let client = redis::cluster::ClusterClient::builder(
+            seeds.iter().map(|s| s.get_connection_info().clone()),
+        )
+        .connection_timeout(timeout)
+        .build()
+        .map_err(|e| {
+            classify(&e)
+                .permanent
+                .unwrap_or(Error::Unavailable(e.to_string()))
+        })?;
+        Ok(Nodes {
+            shared: Arc::from([Arc::new(SharedConn::from_source(
+                Source::Cluster {
+                    client: Box::new(client),
+                    seed: Box::new(seed),
+                },
+                timeout,
+            ))]),
+        })
+    }
+
+    /// Is this a Redis Cluster (built with [`Nodes::cluster`])?
+    pub fn is_cluster(&self) -> bool {
+        self.shared
+            .iter()
+            .any(|s| matches!(*s.source, Source::Cluster { .. }))
+    }
+
     /// How many nodes.
     pub fn len(&self) -> usize {
         self.shared.len()
@@ -226,10 +478,12 @@ impl Nodes {
 
     /// Each node's address (never its password).
     pub fn addresses(&self) -> Vec<String> {
-        self.shared
-            .iter()
-            .map(|s| s.client.get_connection_info().addr.to_string())
-            .collect()
+        self.shared.iter().map(|s| s.source.describe()).collect()
+    }
+
+    /// Node `i`'s release-notice hub.
+    pub(crate) fn hub(&self, i: usize) -> Option<Arc<Hub>> {
+        self.shared.get(i).map(|s| Arc::clone(&s.hub))
     }
 
     /// The routes of `protocol`'s holds: the shared connections, or (for the
@@ -239,7 +493,7 @@ impl Nodes {
             .iter()
             .map(|shared| {
                 if protocol.uses_watch() {
-                    Route::Own(shared.client.clone())
+                    Route::Own(Arc::clone(&shared.source))
                 } else {
                     Route::Shared(Arc::clone(shared))
                 }
@@ -253,25 +507,27 @@ impl Nodes {
 pub(crate) enum Route {
     /// The node's shared connection.
     Shared(Arc<SharedConn>),
-    /// A connection of the hold's own to this client's node.
-    Own(redis::Client),
+    /// A connection of the hold's own to this node.
+    Own(Arc<Source>),
 }
 
 impl Route {
-    pub(crate) fn client(&self) -> &redis::Client {
+    /// The node, for logs and Debug (never a password).
+    pub(crate) fn describe(&self) -> String {
         match self {
-            Route::Shared(shared) => &shared.client,
-            Route::Own(client) => client,
+            Route::Shared(shared) => shared.source.describe(),
+            Route::Own(source) => source.describe(),
         }
     }
 }
 
-/// A finished request: its outcome, and for an unknown outcome the
-/// connection problem behind it.
+/// A finished request: its node, its outcome, and for an unknown outcome
+/// the connection problem behind it.
 pub(crate) struct Finished {
     pub(crate) id: RequestId,
+    pub(crate) node: usize,
     pub(crate) outcome: Outcome,
-    pub(crate) io_error: Option<String>,
+    pub(crate) failure: Option<Failure>,
 }
 
 /// A request on its way: its id and the future that runs it (which hands
@@ -283,7 +539,7 @@ struct InFlight {
     future: Mutex<RequestFuture>,
 }
 
-type RequestFuture = BoxFuture<'static, (Result<Reply, String>, Option<MultiplexedConnection>)>;
+type RequestFuture = BoxFuture<'static, (Result<Reply, Failure>, Option<MultiplexedConnection>)>;
 
 struct Link {
     route: Route,
@@ -297,12 +553,14 @@ struct Link {
 pub(crate) struct Io {
     links: Vec<Link>,
     timeout: Duration,
+    /// Exact keys: rename the core's keys before sending.
+    keys: Option<Arc<KeyMap>>,
     /// Where the next poll starts, so that no node starves another.
     next_link: usize,
 }
 
 impl Io {
-    pub(crate) fn new(routes: &[Route], timeout: Duration) -> Io {
+    pub(crate) fn new(routes: &[Route], timeout: Duration, keys: Option<Arc<KeyMap>>) -> Io {
         Io {
             links: routes
                 .iter()
@@ -314,12 +572,16 @@ impl Io {
                 })
                 .collect(),
             timeout,
+            keys,
             next_link: 0,
         }
     }
 
     /// Queue `request` for its node. `false`: there is no such node.
-    pub(crate) fn send(&mut self, request: Request) -> bool {
+    pub(crate) fn send(&mut self, mut request: Request) -> bool {
+        if let Some(keys) = &self.keys {
+            keys.command(&mut request.command);
+        }
         let node = usize::from(request.node.0);
         let timeout = self.timeout;
         let Some(link) = self.links.get_mut(node) else {
@@ -366,7 +628,7 @@ impl Io {
                 link.start(node, request, self.timeout);
             }
             self.next_link = (node + 1) % count;
-            return std::task::Poll::Ready(finished(id, result));
+            return std::task::Poll::Ready(finished(id, node, result));
         }
         std::task::Poll::Pending
     }
@@ -382,7 +644,7 @@ impl Link {
                 Box::pin(async move { (run_shared(&shared, &request, timeout).await, None) })
             }
             Route::Own(client) => {
-                let client = client.clone();
+                let client = Arc::clone(client);
                 let conn = self.own.take();
                 Box::pin(async move { run_own(&client, conn, &request, timeout).await })
             }
@@ -394,32 +656,37 @@ impl Link {
     }
 }
 
-fn finished(id: RequestId, result: Result<Reply, String>) -> Finished {
+fn finished(id: RequestId, node: usize, result: Result<Reply, Failure>) -> Finished {
     match result {
         Ok(reply) => Finished {
             id,
+            node,
             outcome: Outcome::Reply(reply),
-            io_error: None,
+            failure: None,
         },
         Err(e) => Finished {
             id,
+            node,
             outcome: Outcome::Unknown,
-            io_error: Some(e),
+            failure: Some(e),
         },
     }
 }
 
 /// Run `request` on `conn` within `timeout`. `Err`: a connection problem or
 /// the timeout (the outcome is unknown); server errors are replies.
-async fn execute(
-    conn: &mut MultiplexedConnection,
+async fn execute<C: ConnectionLike + Send>(
+    conn: &mut C,
     request: &Request,
     timeout: Duration,
-) -> Result<Reply, String> {
+) -> Result<Reply, Failure> {
     match tokio::time::timeout(timeout, wire::execute_reply(conn, &request.command)).await {
         Ok(Ok(reply)) => Ok(reply),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("request timed out".to_owned()),
+        Ok(Err(e)) => Err(classify(&e)),
+        Err(_) => Err(Failure::transient(format!(
+            "no reply within the request timeout ({} ms)",
+            timeout.as_millis()
+        ))),
     }
 }
 
@@ -427,34 +694,86 @@ async fn run_shared(
     shared: &SharedConn,
     request: &Request,
     timeout: Duration,
-) -> Result<Reply, String> {
+) -> Result<Reply, Failure> {
     // A failed connect means the request was never written: still an
     // unknown outcome for the machine (it cannot tell), with the reason.
-    let mut live = shared.get().await.map_err(|e| e.to_string())?;
-    let result = execute(&mut live.conn, request, timeout).await;
+    let mut live = shared.get().await.map_err(|e| classify(&e))?;
+    let result = demoted(execute(&mut live.conn, request, timeout).await);
     if result.is_err() {
         shared.retire(live.generation);
     }
     result
 }
 
+/// A `READONLY` reply: the node is no longer a master (a failover demoted
+/// it). Not an answer of the protocol's: the connection is retired so that
+/// the next request goes to the master of the moment, and the machine gets
+/// an unknown outcome.
+fn demoted(result: Result<Reply, Failure>) -> Result<Reply, Failure> {
+    match result {
+        Ok(Reply::Error(text)) if text.starts_with("READONLY") => Err(Failure::transient(format!(
+            "the node is a replica now: {text}"
+        ))),
+        other => other,
+    }
+}
+
 async fn run_own(
-    client: &redis::Client,
+    source: &Source,
     conn: Option<MultiplexedConnection>,
     request: &Request,
     timeout: Duration,
-) -> (Result<Reply, String>, Option<MultiplexedConnection>) {
+) -> (Result<Reply, Failure>, Option<MultiplexedConnection>) {
     let mut conn = match conn {
         Some(conn) => conn,
-        None => match connect(client, timeout).await {
-            Ok((conn, _)) => conn,
-            Err(e) => return (Err(e.to_string()), None),
+        None => match connect_to(source, timeout).await {
+            Ok(conn) => conn,
+            Err(e) => return (Err(classify(&e)), None),
         },
     };
-    let result = execute(&mut conn, request, timeout).await;
+    let result = demoted(execute(&mut conn, request, timeout).await);
     // After a failure the connection (and any WATCH on it) is dropped: the
     // next request reconnects, and the server forgets the watch with the
     // old socket.
     let keep = result.is_ok().then_some(conn);
     (result, keep)
+}
+
+impl Route {
+    /// Run one command outside any machine (a diagnostic or a clean-up),
+    /// on the shared connection or a connection of its own.
+    pub(crate) async fn run_once(
+        &self,
+        command: lockwright_core::keyspace::Command,
+        timeout: Duration,
+    ) -> Result<Reply, Failure> {
+        let request = Request {
+            id: RequestId(u64::MAX),
+            node: lockwright_core::NodeId(0),
+            command,
+        };
+        match self {
+            Route::Shared(shared) => run_shared(shared, &request, timeout).await,
+            Route::Own(client) => run_own(client, None, &request, timeout).await.0,
+        }
+    }
+
+    /// The Redis type of `key` (`TYPE`): `string`, `hash`, `none`, ...
+    pub(crate) async fn type_of(&self, key: &str, timeout: Duration) -> Result<String, Failure> {
+        let mut conn = match self {
+            Route::Shared(shared) => shared.get().await.map_err(|e| classify(&e))?.conn,
+            Route::Own(source) => Conn::Single(
+                connect_to(source, timeout)
+                    .await
+                    .map_err(|e| classify(&e))?,
+            ),
+        };
+        let mut cmd = redis::cmd("TYPE");
+        cmd.arg(key);
+        match tokio::time::timeout(timeout, cmd.query_async::<String>(&mut conn)).await {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) => Err(classify(&e)),
+            Err(_) => Err(Failure::transient("no reply to TYPE")),
+        }
+    }
 }

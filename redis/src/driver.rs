@@ -28,9 +28,9 @@
 //! runtime shuts down, the process dies), the hold ends with its TTL.
 
 use crate::clock::clock;
-use crate::conn::{Finished, Io, Route};
+use crate::conn::{Failure, Finished, Io, Route};
+use crate::error::{Error, Operation};
 use crate::lease_cell::LeaseCell;
-use crate::Error;
 use lockwright_core::{Acquire, Event, Lease, Machine, Millis, Outcome, Protocol, Request};
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -66,6 +66,10 @@ pub(crate) enum Op {
     Extend {
         done: oneshot::Sender<Result<Lease, Error>>,
     },
+    /// Take a held reentrant lock once more (one attempt).
+    Reenter {
+        done: oneshot::Sender<Result<Lease, Error>>,
+    },
 }
 
 /// The operation whose outcome the next event decides.
@@ -75,6 +79,7 @@ enum Pending {
     Acquire(oneshot::Sender<Result<Option<Granted>, Error>>),
     Release(oneshot::Sender<Result<bool, Error>>),
     Extend(oneshot::Sender<Result<Lease, Error>>),
+    Reenter(oneshot::Sender<Result<Lease, Error>>),
     /// A release the driver started itself (the handle went away).
     Cleanup,
 }
@@ -83,6 +88,8 @@ enum Pending {
 #[derive(Clone, Debug)]
 pub(crate) struct NodeSettings {
     pub(crate) request_timeout: Duration,
+    /// Exact keys: the rewrite of the core's key names.
+    pub(crate) keys: Option<std::sync::Arc<crate::keys::KeyMap>>,
 }
 
 /// A driver for `machine` over `routes` (node `i` is `routes[i]`), not yet
@@ -97,13 +104,15 @@ pub(crate) fn new(
     let (lost, _) = watch::channel(false);
     Inline(Some(Box::new(Driver {
         machine,
-        io: Io::new(routes, settings.request_timeout),
+        io: Io::new(routes, settings.request_timeout, settings.keys.clone()),
         ops: None,
         deferred: VecDeque::new(),
         pending: Pending::None,
         cell: None,
         lost,
-        last_io_error: None,
+        answered: vec![None; routes.len()],
+        warned: None,
+        unanswered: None,
         sleep: None,
         span,
     })))
@@ -243,9 +252,17 @@ struct Driver {
     pending: Pending,
     cell: Option<LeaseCell>,
     lost: watch::Sender<bool>,
-    /// The last connection problem, cleared by any reply: tells a denial
-    /// caused by an unreachable Redis from one caused by a taken lock.
-    last_io_error: Option<String>,
+    /// Per node, how its latest request ended: `Some(Ok(()))` replied,
+    /// `Some(Err(_))` no reply (with why), `None` in flight or never sent.
+    /// Tells a denial caused by unreachable nodes from one caused by a
+    /// taken lock.
+    answered: Vec<Option<Result<(), String>>>,
+    /// The connection problem last logged at `warn` during an acquire (one
+    /// line per new problem, not one per retry).
+    warned: Option<String>,
+    /// A request of the pending release or extend that got no reply: its
+    /// outcome, and so the operation's, is unknown.
+    unanswered: Option<String>,
     /// The timer, created at the first deadline.
     sleep: Option<Pin<Box<Sleep>>>,
     span: tracing::Span,
@@ -293,11 +310,14 @@ impl Driver {
         let busy = !self.io.is_idle();
         tokio::select! {
             finished = self.io.next(), if busy => {
-                let Finished { id, outcome, io_error } = finished;
-                if matches!(outcome, Outcome::Reply(_)) {
-                    self.last_io_error = None;
-                } else if io_error.is_some() {
-                    self.last_io_error = io_error;
+                let Finished { id, node, outcome, failure } = finished;
+                if let Some(failure) = failure {
+                    self.on_failure(node, failure);
+                } else {
+                    self.warned = None;
+                    if let Some(slot) = self.answered.get_mut(node) {
+                        *slot = Some(Ok(()));
+                    }
                 }
                 let now = self.now();
                 self.machine.handle_reply(now, id, outcome);
@@ -347,6 +367,7 @@ impl Driver {
 
     fn apply(&mut self, op: Op) {
         let now = self.now();
+        self.unanswered = None;
         let result = match &op {
             Op::Acquire { how, .. } => {
                 let how = match how {
@@ -358,22 +379,21 @@ impl Driver {
                 };
                 self.machine.acquire(now, how)
             }
-            Op::Release { .. } => {
-                if let Some(cell) = &self.cell {
-                    cell.release();
-                }
-                self.machine.release(now)
-            }
+            // The lease cell is marked released when the hold ends (a
+            // reentrant hold taken twice lives on after one release).
+            Op::Release { .. } => self.machine.release(now),
             Op::Extend { .. } => self.machine.extend(now),
+            Op::Reenter { .. } => self.machine.acquire(now, Acquire::Once),
         };
         match (result, op) {
             (Err(lockwright_core::UsageError::Busy), op) => self.deferred.push_back(op),
             (Err(e), Op::Acquire { done, .. }) => drop(done.send(Err(e.into()))),
             (Err(e), Op::Release { done }) => drop(done.send(Err(e.into()))),
-            (Err(e), Op::Extend { done }) => drop(done.send(Err(e.into()))),
+            (Err(e), Op::Extend { done } | Op::Reenter { done }) => drop(done.send(Err(e.into()))),
             (Ok(()), Op::Acquire { done, .. }) => self.pending = Pending::Acquire(done),
             (Ok(()), Op::Release { done }) => self.pending = Pending::Release(done),
             (Ok(()), Op::Extend { done }) => self.pending = Pending::Extend(done),
+            (Ok(()), Op::Reenter { done }) => self.pending = Pending::Reenter(done),
         }
     }
 
@@ -403,10 +423,76 @@ impl Driver {
 
     fn transmit(&mut self, request: Request) {
         let id = request.id;
+        if let Some(slot) = self.answered.get_mut(usize::from(request.node.0)) {
+            *slot = None;
+        }
         if !self.io.send(request) {
             // No such node: the request never ran.
             let now = self.now();
             self.machine.handle_reply(now, id, Outcome::Unknown);
+        }
+    }
+
+    /// A request got no reply (or could not be sent).
+    fn on_failure(&mut self, node: usize, failure: Failure) {
+        if let Some(slot) = self.answered.get_mut(node) {
+            *slot = Some(Err(failure.text.clone()));
+        }
+        match &self.pending {
+            Pending::Release(_) | Pending::Extend(_) | Pending::Reenter(_) => {
+                self.unanswered = Some(failure.text.clone());
+            }
+            Pending::Acquire(_) => {
+                if let Some(error) = failure.permanent {
+                    // No retry can mend it: end the acquire now. The machine
+                    // still gets its unknown outcome and winds down.
+                    tracing::error!(error = %error, "acquire failed");
+                    if let Pending::Acquire(done) =
+                        std::mem::replace(&mut self.pending, Pending::None)
+                    {
+                        drop(done.send(Err(error)));
+                    }
+                } else if self.warned.as_deref() != Some(failure.text.as_str()) {
+                    tracing::warn!(node, problem = %failure.text, "redis unreachable, retrying");
+                    self.warned = Some(failure.text);
+                } else {
+                    tracing::debug!(node, problem = %failure.text, "redis unreachable, retrying");
+                }
+            }
+            Pending::None | Pending::Cleanup => {
+                tracing::debug!(node, problem = %failure.text, "no reply");
+            }
+        }
+    }
+
+    /// The result of a denied acquire: taken (`Ok(None)`), or unreachable
+    /// when too few nodes answered the last attempt to tell.
+    fn denial(&self) -> Result<Option<Granted>, Error> {
+        let nodes = self.answered.len();
+        let answered = self
+            .answered
+            .iter()
+            .filter(|a| matches!(a, Some(Ok(()))))
+            .count();
+        let reason = self.answered.iter().find_map(|a| match a {
+            Some(Err(reason)) => Some(reason.clone()),
+            _ => None,
+        });
+        let Some(reason) = reason else {
+            return Ok(None);
+        };
+        let quorum = nodes / 2 + 1;
+        if nodes <= 1 {
+            Err(Error::Unavailable(reason))
+        } else if answered < quorum {
+            Err(Error::QuorumUnreachable {
+                answered,
+                nodes,
+                quorum,
+                reason,
+            })
+        } else {
+            Ok(None)
         }
     }
 
@@ -427,14 +513,41 @@ impl Driver {
                 }
             }
             (Event::Denied, Pending::Acquire(done)) => {
-                let result = match self.last_io_error.take() {
-                    Some(reason) => Err(Error::Unavailable(reason)),
-                    None => Ok(None),
+                drop(done.send(self.denial()));
+            }
+            (Event::Acquired(lease), Pending::Reenter(done)) => {
+                if let Some(cell) = &self.cell {
+                    if let Some(version) = cell.begin_renewal() {
+                        cell.renewed(version, lease.valid_until);
+                    }
+                }
+                drop(done.send(Ok(lease)));
+            }
+            (Event::Denied, Pending::Reenter(done)) => {
+                // The hold was found gone (`Lost` came first) or the
+                // node could not be reached.
+                let error = match self.denial() {
+                    Err(e) => e,
+                    Ok(_) => Error::Lost,
                 };
-                drop(done.send(result));
+                drop(done.send(Err(error)));
             }
             (Event::Released { was_held }, Pending::Release(done)) => {
-                drop(done.send(Ok(was_held)));
+                if self.machine.lease().is_none() {
+                    if let Some(cell) = &self.cell {
+                        cell.release();
+                    }
+                }
+                // The machine counts a release without a reply as "gone";
+                // the caller is told the truth: nobody knows.
+                let result = match self.unanswered.take() {
+                    Some(reason) => Err(Error::OutcomeUnknown {
+                        operation: Operation::Release,
+                        reason,
+                    }),
+                    None => Ok(was_held),
+                };
+                drop(done.send(result));
             }
             (Event::Released { .. }, Pending::Cleanup) => {}
             (Event::Extended(lease), pending) => {
@@ -448,7 +561,16 @@ impl Driver {
                     other => self.pending = other,
                 }
             }
-            (Event::NotExtended, Pending::Extend(done)) => drop(done.send(Err(Error::NotExtended))),
+            (Event::NotExtended, Pending::Extend(done)) => {
+                let error = match self.unanswered.take() {
+                    Some(reason) => Error::OutcomeUnknown {
+                        operation: Operation::Extend,
+                        reason,
+                    },
+                    None => Error::NotExtended,
+                };
+                drop(done.send(Err(error)));
+            }
             (Event::Lost, pending) => {
                 if let Some(cell) = &self.cell {
                     if cell.lose() {
@@ -458,13 +580,24 @@ impl Driver {
                 }
                 match pending {
                     Pending::Extend(done) => drop(done.send(Err(Error::Lost))),
-                    Pending::Release(done) => drop(done.send(Ok(false))),
+                    Pending::Release(done) => {
+                        let result = match self.unanswered.take() {
+                            Some(reason) => Err(Error::OutcomeUnknown {
+                                operation: Operation::Release,
+                                reason,
+                            }),
+                            None => Ok(false),
+                        };
+                        drop(done.send(result));
+                    }
                     other => self.pending = other,
                 }
             }
             (Event::Failed(e), Pending::Acquire(done)) => drop(done.send(Err(e.into()))),
             (Event::Failed(e), Pending::Release(done)) => drop(done.send(Err(e.into()))),
-            (Event::Failed(e), Pending::Extend(done)) => drop(done.send(Err(e.into()))),
+            (Event::Failed(e), Pending::Extend(done) | Pending::Reenter(done)) => {
+                drop(done.send(Err(e.into())))
+            }
             (Event::Failed(e), Pending::Cleanup) => {
                 tracing::warn!(error = %e, "cleanup release failed")
             }

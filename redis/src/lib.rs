@@ -2,6 +2,11 @@
 //!
 //! The thin tokio + redis driver that runs `lockwright-core` machines against
 //! real Redis servers, and the async lock and semaphore API built on it.
+//!
+//! It re-exports what its API names: [`redis`] (redis-rs 1.x, for
+//! `redis::Client`), [`ProtocolId`], [`Fence`], [`Token`] and the core's
+//! error types, so `lockwright-redis` and `tokio` are the only
+//! dependencies a user needs.
 //! It adds no protocol logic of its own: every decision (when to retry, what
 //! a reply means, when a lease is lost, when to renew) is the core machine's;
 //! this crate executes the machine's requests, feeds the replies and the
@@ -23,12 +28,33 @@
 //!   holds that renew on their own get a task. It sends `EVALSHA` with a
 //!   `NOSCRIPT` fallback to `EVAL`, `MULTI … EXEC` as one pipeline, and turns
 //!   connection errors and timeouts into the core's unknown outcome.
-//! - Wake-on-release (`LockOptions::notify`): one subscription per lock,
-//!   its waiters served in line, one attempt per release notice.
+//! - Wake-on-release (`LockOptions::notify`): one pub/sub connection per
+//!   node of a `Nodes`, shared by all its locks (one pattern per lock with
+//!   waiters); each lock's waiters served in line, one attempt per release
+//!   notice, and a fallback retry no later than polling's.
 //! - Owner tokens are 128 bits from the OS CSPRNG. AUTH comes from the
 //!   `redis://user:password@host` URL, TLS from `rediss://` URLs (with the
 //!   crate feature `tls`); no password or owner token reaches Debug output
 //!   or logs. Every operation runs in a `tracing` span.
+//!
+//! ## What the errors say
+//!
+//! - A release or extend that got no reply fails with
+//!   [`Error::OutcomeUnknown`]: the hold may or may not still be on the
+//!   server. `release()` answers `Ok(false)` only when Redis said the hold
+//!   was gone.
+//! - An acquire ends at once on what no retry can mend: [`Error::Auth`],
+//!   [`Error::UnknownHost`], [`Error::Protocol`], or an error reply
+//!   ([`Error::Redis`], such as `WRONGTYPE` when the lock key holds a value
+//!   of another type; see [`Error::is_wrong_type`]). A refused connection
+//!   or a timeout is retried until the acquire's deadline (logged at
+//!   `warn`, once per new problem), then reported as
+//!   [`Error::Unavailable`], or for RedLock [`Error::QuorumUnreachable`]
+//!   when too few masters answered to tell "taken" (`Ok(None)`,
+//!   [`Error::Timeout`]) from "unreachable".
+//! - `fenced` and `lease-semaphore` write the hold before they `INCR` the
+//!   fence; when the `INCR` fails, the acquire removes that hold (with its
+//!   own token) before it reports the error.
 //!
 //! ## Cancellation
 //!
@@ -39,8 +65,7 @@
 //! a guard releases in the background the same way.
 //!
 //! ```no_run
-//! use lockwright_core::ProtocolId;
-//! use lockwright_redis::{Lock, LockOptions};
+//! use lockwright_redis::{redis, Lock, LockOptions, ProtocolId};
 //! use std::time::Duration;
 //!
 //! # async fn demo() -> Result<(), lockwright_redis::Error> {
@@ -66,11 +91,15 @@ mod conn;
 mod driver;
 #[cfg(not(loom))]
 mod error;
+#[cfg(not(loom))]
+mod keys;
 pub mod lease_cell;
 #[cfg(not(loom))]
 mod lock;
 #[cfg(not(loom))]
 mod notices;
+#[cfg(not(loom))]
+mod source;
 mod sync;
 #[cfg(not(loom))]
 pub mod token;
@@ -82,6 +111,17 @@ pub use cache::{Cache, CacheOptions};
 #[cfg(not(loom))]
 pub use conn::Nodes;
 #[cfg(not(loom))]
-pub use error::Error;
+pub use error::{Error, LimitError, Operation, OptionsError};
 #[cfg(not(loom))]
 pub use lock::{Lock, LockGuard, LockOptions, Permit, Semaphore};
+/// The core types the API names: the protocol catalogue, fences, owner
+/// tokens and the errors [`Error`] wraps.
+#[cfg(not(loom))]
+pub use lockwright_core::{
+    stampede::StampedeError, ConfigError, Fence, Kind, ProtocolError, ProtocolId, Token, UsageError,
+};
+/// The redis-rs crate this adapter is built on (1.x): build clients with
+/// `lockwright_redis::redis::Client::open` without a `redis` dependency of
+/// your own, or depend on the same major version.
+#[cfg(not(loom))]
+pub use redis;

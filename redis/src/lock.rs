@@ -3,10 +3,12 @@
 use crate::clock::clock;
 use crate::conn::{Nodes, Route};
 use crate::driver::{self, Holder, How, NodeSettings, Op};
+use crate::keys::KeyMap;
 use crate::lease_cell::{LeaseCell, Phase};
 use crate::notices::Notices;
 use crate::token::{seed, token_and_seed};
-use crate::Error;
+use crate::{Error, LimitError, OptionsError};
+use lockwright_core::keyspace::{Command, Reply, Script};
 use lockwright_core::{Config, Fence, Kind, Lease, Machine, ProtocolId, Token, UsageError};
 use std::fmt;
 use std::future::Future;
@@ -20,15 +22,19 @@ use tracing::Instrument;
 pub struct LockOptions {
     /// Which catalogue protocol runs.
     pub protocol: ProtocolId,
-    /// The lease's time to live.
+    /// The lease's time to live: at least 1 ms (Redis' resolution; a
+    /// fraction of a millisecond beyond that is cut off).
     pub ttl: Duration,
-    /// Semaphores: how many holders at most.
+    /// Semaphores: how many holders at most. Must stay 1 on a [`Lock`].
     pub limit: u32,
     /// How long the driver waits for one reply before treating its outcome
-    /// as unknown (and reconnecting).
+    /// as unknown (and reconnecting). Must be shorter than `ttl`.
     pub request_timeout: Duration,
-    /// Renew the hold automatically, for the protocols that renew
-    /// (`reentrant`, `fenced`, `lease-semaphore`).
+    /// Renew the hold automatically while the guard lives. Only
+    /// `reentrant`, `fenced` and `lease-semaphore` renew;
+    /// [`LockOptions::new`] turns it on for them and off for the others,
+    /// and asking it of another protocol is
+    /// [`OptionsError::AutoRenewWithoutRenewal`].
     pub auto_renew: bool,
     /// After a grant, `WAIT` for this many replicas; fewer acknowledging
     /// undoes the grant and fails with [`Error::ReplicasNotAcknowledged`].
@@ -44,10 +50,22 @@ pub struct LockOptions {
     /// `<key>:released` (the release scripts' `PUBLISH`, see
     /// `Config::notify_releases`), and its waiters wait for notices instead of
     /// the core's timed retries, with a fallback retry in case a notice is
-    /// missed or never sent. Every process taking the lock should set it: a
+    /// missed or never sent (after at most `retry_max`, as polling would).
+    /// The notices of every lock on one [`Nodes`] arrive on one pub/sub
+    /// connection per node. Every process taking the lock should set it: a
     /// holder without it releases silently, and waiters then fall back to
     /// their timed retry.
     pub notify: bool,
+    /// Interop mode: use the name exactly as given as the lock key (no
+    /// `{…}` hash tag, braces allowed), so that lockwright and another
+    /// client of the same key exclude one another: redis-py's `Lock` and
+    /// rslock with `set-px-lua`, Redisson's `RLock` with `reentrant`.
+    /// Companion keys become `<name>:fence`, `<name>:permits`, ... What it
+    /// gives up: in Redis Cluster the companions are no longer in the lock
+    /// key's slot (unless the name carries a hash tag of its own), so the
+    /// protocols whose scripts touch several keys (`fenced`, the
+    /// semaphores) fail there with `CROSSSLOT`.
+    pub exact_key: bool,
 }
 
 impl Default for LockOptions {
@@ -57,25 +75,58 @@ impl Default for LockOptions {
             ttl: Duration::from_secs(10),
             limit: 1,
             request_timeout: Duration::from_secs(1),
-            auto_renew: true,
+            auto_renew: false,
             wait_replicas: None,
             drift: None,
             retry_base: Duration::from_millis(10),
             retry_max: Duration::from_millis(200),
             notify: false,
+            exact_key: false,
         }
     }
 }
 
 impl LockOptions {
-    /// Defaults with `protocol` and `ttl`.
+    /// Defaults with `protocol` and `ttl`; `auto_renew` is on for the
+    /// protocols that renew.
     pub fn new(protocol: ProtocolId, ttl: Duration) -> LockOptions {
         LockOptions {
             protocol,
             ttl,
+            auto_renew: renews(protocol),
             ..LockOptions::default()
         }
     }
+
+    /// The adapter's own checks (the core checks the rest).
+    fn check(&self, wanted: Kind) -> Result<(), OptionsError> {
+        if self.ttl < Duration::from_millis(1) && !self.ttl.is_zero() {
+            return Err(OptionsError::SubMillisecondTtl { ttl: self.ttl });
+        }
+        if !self.ttl.is_zero() && self.request_timeout >= self.ttl {
+            return Err(OptionsError::RequestTimeoutNotBelowTtl {
+                request_timeout: self.request_timeout,
+                ttl: self.ttl,
+            });
+        }
+        if wanted == Kind::Lock && self.limit != 1 {
+            return Err(OptionsError::LimitOnLock { limit: self.limit });
+        }
+        if self.auto_renew && !renews(self.protocol) {
+            return Err(OptionsError::AutoRenewWithoutRenewal {
+                protocol: self.protocol,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Does the protocol's machine renew a hold on its own (with `auto_renew`)?
+fn renews(protocol: ProtocolId) -> bool {
+    matches!(
+        protocol,
+        ProtocolId::Reentrant | ProtocolId::Fenced | ProtocolId::LeaseSemaphore
+    )
 }
 
 fn request_timeout(options: &LockOptions) -> Duration {
@@ -91,6 +142,37 @@ fn build_machine(id: ProtocolId, config: &Config, token: Token) -> Result<Machin
     Ok(Machine::new(id, config, token)?)
 }
 
+/// The Redis types a protocol may keep at its main key (`{name}`), for the
+/// protocols whose acquire reads a key of another type as "taken" instead
+/// of failing with `WRONGTYPE`.
+fn key_type(protocol: ProtocolId) -> Option<&'static [&'static str]> {
+    match protocol {
+        ProtocolId::SetnxDel
+        | ProtocolId::SetnxExpire
+        | ProtocolId::SetnxGetset
+        | ProtocolId::SetPxGetDel
+        | ProtocolId::SetPxWatch
+        | ProtocolId::SetPxLua
+        | ProtocolId::Fenced
+        | ProtocolId::Redlock => Some(&["string"]),
+        ProtocolId::Reentrant => Some(&["hash"]),
+        _ => None,
+    }
+}
+
+/// Errors a later attempt may not see: the node could not be reached.
+fn is_transient(e: &Error) -> bool {
+    matches!(e, Error::Unavailable(_) | Error::QuorumUnreachable { .. })
+}
+
+/// The name of the core's key `key` in Redis (renamed with exact keys).
+fn redis_key(settings: &NodeSettings, key: &str) -> String {
+    match &settings.keys {
+        Some(keys) => keys.key(key),
+        None => key.to_owned(),
+    }
+}
+
 /// What a lock and a semaphore share.
 struct Shared {
     /// Node `i`'s route: its shared connection, or (for the protocols that
@@ -102,9 +184,6 @@ struct Shared {
     /// With `notify`: the lock's release notices and line of waiters.
     notices: Option<Arc<Notices>>,
 }
-
-/// The longest fallback wait between notified attempts.
-const MAX_NOTIFY_FALLBACK: Duration = Duration::from_secs(2);
 
 impl Shared {
     fn new(
@@ -121,6 +200,26 @@ impl Shared {
                 actual,
             });
         }
+        options.check(wanted)?;
+        if nodes.is_cluster() && options.protocol.uses_watch() {
+            return Err(OptionsError::WatchOnCluster {
+                protocol: options.protocol,
+            }
+            .into());
+        }
+        // Exact keys: the core works on a tagged placeholder name (its own
+        // rules for names, such as no braces, then do not apply to `name`)
+        // and the adapter renames the keys on their way to Redis.
+        let (core_name, keys) = if options.exact_key {
+            if name.is_empty() {
+                return Err(Error::Config(lockwright_core::ConfigError::EmptyName));
+            }
+            let placeholder = Config::new("exact");
+            let keys = KeyMap::new(placeholder.key(), name);
+            (placeholder.name, Some(Arc::new(keys)))
+        } else {
+            (name, None)
+        };
         let config = Config {
             ttl_ms: millis(options.ttl),
             nodes: u8::try_from(nodes.len()).unwrap_or(u8::MAX),
@@ -132,35 +231,104 @@ impl Shared {
             auto_renew: options.auto_renew,
             wait_replicas: options.wait_replicas,
             notify_releases: options.notify,
-            ..Config::new(name)
+            ..Config::new(core_name)
         };
         // Validate once, with a placeholder owner, so that a bad configuration
         // fails here rather than at the first acquire.
         build_machine(options.protocol, &config, Token("validation".into()))?;
         let routes = nodes.routes(options.protocol);
-        let notices = match (options.notify, routes.first()) {
-            (true, Some(route)) => Some(Notices::new(
-                route.client().clone(),
-                &config.key(),
-                request_timeout(options),
-            )),
+        let settings = NodeSettings {
+            request_timeout: request_timeout(options),
+            keys,
+        };
+        let notices = match (options.notify, nodes.hub(0)) {
+            (true, Some(hub)) => Some(Notices::new(hub, &redis_key(&settings, &config.key()))),
             _ => None,
         };
         Ok(Shared {
             routes,
             protocol: options.protocol,
             config,
-            settings: NodeSettings {
-                request_timeout: request_timeout(options),
-            },
+            settings,
             notices,
         })
     }
 
+    /// The name of the core's key `key` in Redis.
+    fn redis_key(&self, key: &str) -> String {
+        redis_key(&self.settings, key)
+    }
+
+    /// `command` with the keys Redis should see.
+    fn redis_command(&self, mut command: Command) -> Command {
+        if let Some(keys) = &self.settings.keys {
+            keys.command(&mut command);
+        }
+        command
+    }
+
+    /// The lock's name as the user gave it (for logs and Debug).
+    fn name(&self) -> String {
+        match &self.settings.keys {
+            Some(_) => self.redis_key(&self.config.key()),
+            None => self.config.name.clone(),
+        }
+    }
+
     async fn acquire(&self, how: How) -> Result<Option<LockGuard>, Error> {
-        match &self.notices {
-            Some(notices) if how != How::Once => self.acquire_notified(notices, how).await,
-            _ => self.acquire_driven(how).await,
+        if let Some(notices) = &self.notices {
+            if how != How::Once {
+                return self.acquire_notified(notices, how).await;
+            }
+        }
+        if how == How::Once {
+            let granted = self.acquire_driven(How::Once).await?;
+            if granted.is_none() {
+                self.check_key_type().await?;
+            }
+            return Ok(granted);
+        }
+        // A first attempt of its own: when it is denied, make sure the key
+        // holds what the protocol writes (a lock key of another type reads
+        // as "taken" to `SET NX` and `SETNX`, and would be waited on
+        // forever), then wait the usual way.
+        let started = tokio::time::Instant::now();
+        match self.acquire_driven(How::Once).await {
+            Ok(Some(guard)) => return Ok(Some(guard)),
+            Ok(None) => self.check_key_type().await?,
+            // Unreachable for now: the waiting acquire retries until its
+            // deadline and reports the problem then.
+            Err(e) if is_transient(&e) => {}
+            Err(e) => return Err(e),
+        }
+        let how = match how {
+            How::Within(d) => How::Within(d.saturating_sub(started.elapsed())),
+            other => other,
+        };
+        self.acquire_driven(how).await
+    }
+
+    /// After a denial: `WRONGTYPE` when the lock key holds a value of a type
+    /// the protocol never writes there. The check is a diagnostic (one
+    /// `TYPE` on the first node); when it cannot run, the denial stands.
+    async fn check_key_type(&self) -> Result<(), Error> {
+        let Some(expected) = key_type(self.protocol) else {
+            return Ok(());
+        };
+        let Some(route) = self.routes.first() else {
+            return Ok(());
+        };
+        let key = self.redis_key(&self.config.key());
+        match route.type_of(&key, self.settings.request_timeout).await {
+            Ok(found) if found != "none" && !expected.contains(&found.as_str()) => {
+                Err(Error::Redis(format!(
+                    "WRONGTYPE Operation against a key holding the wrong kind of value \
+                     ({key} holds a {found}; {} keeps a {} there)",
+                    self.protocol,
+                    expected.join(" or ")
+                )))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -173,18 +341,32 @@ impl Shared {
         how: How,
     ) -> Result<Option<LockGuard>, Error> {
         let deadline = match how {
-            How::Within(d) => Some(tokio::time::Instant::now() + d),
+            // A deadline beyond what the clock can represent is none.
+            How::Within(d) => tokio::time::Instant::now().checked_add(d),
             How::Once | How::Forever => None,
         };
         // In line (and subscribed) before the first attempt, so that a
         // release between a denied attempt and the wait is not missed.
         let ticket = notices.join().await;
         let mut try_now = !ticket.had_waiters_ahead();
+        let mut type_checked = false;
+        let mut unreachable: Option<Error> = None;
         loop {
             if try_now {
-                if let Some(guard) = self.acquire_driven(How::Once).await? {
-                    ticket.granted();
-                    return Ok(Some(guard));
+                match self.acquire_driven(How::Once).await {
+                    Ok(Some(guard)) => {
+                        ticket.granted();
+                        return Ok(Some(guard));
+                    }
+                    Ok(None) => {
+                        unreachable = None;
+                        if !type_checked {
+                            type_checked = true;
+                            self.check_key_type().await?;
+                        }
+                    }
+                    Err(e) if is_transient(&e) => unreachable = Some(e),
+                    Err(e) => return Err(e),
                 }
             }
             try_now = true;
@@ -192,7 +374,10 @@ impl Shared {
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
-                    return Ok(None);
+                    return match unreachable {
+                        Some(e) => Err(e),
+                        None => Ok(None),
+                    };
                 }
                 wait = wait.min(left);
             }
@@ -203,10 +388,12 @@ impl Shared {
         }
     }
 
-    /// How long to wait for a notice before trying anyway: the TTL (a hold
-    /// ends by then unless renewed), capped, jittered to 50–100 %.
+    /// How long to wait for a notice before trying anyway: no longer than
+    /// polling would (`retry_max`), nor than the TTL, jittered to 50–100 %.
+    /// A holder that releases without a notice (a peer library, a client
+    /// without `notify`) then costs a waiter no more than polling does.
     fn fallback_wait(&self) -> Result<Duration, Error> {
-        let bound = Duration::from_millis(self.config.ttl_ms).min(MAX_NOTIFY_FALLBACK);
+        let bound = Duration::from_millis(self.config.ttl_ms.min(self.config.retry_max_ms));
         let percent = 50 + seed()? % 51;
         Ok(bound * u32::try_from(percent).unwrap_or(100) / 100 + Duration::from_millis(1))
     }
@@ -214,7 +401,7 @@ impl Shared {
     async fn acquire_driven(&self, how: How) -> Result<Option<LockGuard>, Error> {
         let span = tracing::info_span!(
             "hold",
-            name = %self.config.name,
+            name = %self.name(),
             protocol = %self.protocol,
         );
         let op_span = tracing::info_span!(parent: &span, "acquire", ?how);
@@ -224,6 +411,7 @@ impl Shared {
                 seed,
                 ..self.config.clone()
             };
+            let token_copy = token.clone();
             let machine = build_machine(self.protocol, &config, token)?;
             // The acquire runs in this future. Dropping the future part-way
             // drops `driver`, which then finishes in a task of its own: it
@@ -231,9 +419,17 @@ impl Shared {
             let mut driver = driver::new(machine, &self.routes, &self.settings, span.clone());
             let (done, mut result) = oneshot::channel();
             driver.apply(Op::Acquire { how, done });
-            let granted = driver.drive(&mut result).await.ok_or(Error::DriverGone)??;
+            let granted = match driver.drive(&mut result).await.ok_or(Error::DriverGone)? {
+                Err(Error::Redis(text)) => {
+                    self.undo_partial_grant(&token_copy).await;
+                    return Err(Error::Redis(text));
+                }
+                other => other?,
+            };
             Ok(match granted {
                 Some(g) => Some(LockGuard {
+                    protocol: self.protocol,
+                    holds: 1,
                     lost: driver.lost(),
                     holder: driver.into_holder(),
                     lease: g.lease,
@@ -247,13 +443,44 @@ impl Shared {
         .await
     }
 
+    /// The grant scripts of `fenced` and `lease-semaphore` write the hold
+    /// before they `INCR` the fence; when the `INCR` fails (the fence key
+    /// holds something else) the script stops with the hold written. Remove
+    /// it with our own token, as a release would.
+    async fn undo_partial_grant(&self, token: &Token) {
+        let command = match self.protocol {
+            ProtocolId::Fenced => Command::Eval {
+                script: Script::CompareAndDelete,
+                keys: vec![self.config.key()],
+                args: vec![token.0.clone()],
+            },
+            ProtocolId::LeaseSemaphore => Command::Eval {
+                script: Script::LeaseRelease,
+                keys: vec![self.config.key_with("permits")],
+                args: vec![token.0.clone()],
+            },
+            _ => return,
+        };
+        let command = self.redis_command(command);
+        for route in &self.routes {
+            match route
+                .run_once(command.clone(), self.settings.request_timeout)
+                .await
+            {
+                Ok(Reply::Int(1)) => tracing::debug!("undid a grant whose fence failed"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    problem = %e.text,
+                    "could not undo a grant whose fence failed; its TTL ends it"
+                ),
+            }
+        }
+    }
+
     fn fmt_nodes(&self) -> Vec<String> {
         // The address only: a client's connection info also holds the
         // password, which must never reach Debug output or logs.
-        self.routes
-            .iter()
-            .map(|r| r.client().get_connection_info().addr.to_string())
-            .collect()
+        self.routes.iter().map(|r| r.describe()).collect()
     }
 }
 
@@ -269,8 +496,7 @@ impl Shared {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockwright_redis::Error> {
-/// use lockwright_redis::{Lock, LockOptions};
-/// use lockwright_core::ProtocolId;
+/// use lockwright_redis::{redis, Lock, LockOptions, ProtocolId};
 /// use std::time::Duration;
 ///
 /// let client = redis::Client::open("redis://127.0.0.1:6379/").expect("a valid URL");
@@ -288,7 +514,7 @@ pub struct Lock {
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
-            .field("name", &self.shared.config.name)
+            .field("name", &self.shared.name())
             .field("protocol", &self.shared.protocol)
             .field("nodes", &self.shared.fmt_nodes())
             .finish()
@@ -299,7 +525,10 @@ impl Lock {
     /// A lock on `name` over `clients` (one node, or RedLock's masters),
     /// with connections of its own (shared by its clones). Fails with
     /// [`Error::Config`] for a configuration the core rejects (empty name,
-    /// TTL 0 or too large, several nodes for a single-node protocol) and
+    /// TTL 0 or too large, several nodes for a single-node protocol),
+    /// [`Error::Options`] for options the adapter refuses (a request timeout
+    /// not below the TTL, a TTL under 1 ms, a `limit` other than 1,
+    /// `auto_renew` on a protocol that does not renew) and
     /// [`Error::WrongKind`] for a semaphore protocol.
     pub fn new(
         clients: impl IntoIterator<Item = redis::Client>,
@@ -324,12 +553,15 @@ impl Lock {
         self.shared.protocol
     }
 
-    /// The Redis key holding the lock: `{name}`.
+    /// The Redis key holding the lock: `{name}`, or the name itself with
+    /// [`LockOptions::exact_key`].
     pub fn key(&self) -> String {
-        self.shared.config.key()
+        self.shared.redis_key(&self.shared.config.key())
     }
 
-    /// Wait until the lock is ours.
+    /// Wait until the lock is ours. Ends at once with an error no retry can
+    /// mend (see the crate docs); an unreachable server is retried for as
+    /// long as it takes.
     pub async fn acquire(&self) -> Result<LockGuard, Error> {
         self.shared
             .acquire(How::Forever)
@@ -337,12 +569,17 @@ impl Lock {
             .ok_or(Error::Timeout)
     }
 
-    /// One attempt: `None` when someone else holds it.
+    /// One attempt: `None` when someone else holds it;
+    /// [`Error::Unavailable`] (RedLock: [`Error::QuorumUnreachable`]) when
+    /// too few nodes answered to tell.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
         self.shared.acquire(How::Once).await
     }
 
-    /// Retry until `timeout`; [`Error::Timeout`] when it runs out first.
+    /// Retry until `timeout`; [`Error::Timeout`] when it runs out first
+    /// with the lock taken, [`Error::Unavailable`] (RedLock:
+    /// [`Error::QuorumUnreachable`]) when the last attempt could not reach
+    /// enough nodes.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard, Error> {
         self.shared
             .acquire(How::Within(timeout))
@@ -352,6 +589,13 @@ impl Lock {
 }
 
 /// A counting semaphore: at most `limit` permits at once.
+///
+/// Where the limit lives depends on the protocol: `lease-semaphore` keeps
+/// it on the server at `{name}:limit` (the `limit` option is stored there by
+/// the first acquire that finds it missing, and is ignored afterwards);
+/// `watch-semaphore` reads `{name}:max`, which an administrator sets; the
+/// others use each client's own `limit` option. [`Semaphore::limit`] reads
+/// the limit in force and [`Semaphore::set_limit`] changes the shared one.
 #[derive(Clone)]
 pub struct Semaphore {
     shared: Arc<Shared>,
@@ -360,7 +604,7 @@ pub struct Semaphore {
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Semaphore")
-            .field("name", &self.shared.config.name)
+            .field("name", &self.shared.name())
             .field("protocol", &self.shared.protocol)
             .field("limit", &self.shared.config.limit)
             .field("nodes", &self.shared.fmt_nodes())
@@ -395,23 +639,125 @@ impl Semaphore {
 
     /// Wait for a permit.
     pub async fn acquire(&self) -> Result<Permit, Error> {
-        self.shared
-            .acquire(How::Forever)
-            .await?
-            .ok_or(Error::Timeout)
+        match self.shared.acquire(How::Forever).await {
+            Ok(permit) => permit.ok_or(Error::Timeout),
+            Err(e) => Err(self.explain_failure(e).await),
+        }
     }
 
     /// One attempt: `None` when every permit is taken.
     pub async fn try_acquire(&self) -> Result<Option<Permit>, Error> {
-        self.shared.acquire(How::Once).await
+        match self.shared.acquire(How::Once).await {
+            Ok(permit) => Ok(permit),
+            Err(e) => Err(self.explain_failure(e).await),
+        }
     }
 
     /// Retry until `timeout`; [`Error::Timeout`] when it runs out first.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit, Error> {
-        self.shared
-            .acquire(How::Within(timeout))
-            .await?
-            .ok_or(Error::Timeout)
+        match self.shared.acquire(How::Within(timeout)).await {
+            Ok(permit) => permit.ok_or(Error::Timeout),
+            Err(e) => Err(self.explain_failure(e).await),
+        }
+    }
+}
+
+/// Semaphore administration: where the limit lives on the server.
+impl Semaphore {
+    /// The key holding the limit shared by every client, for the protocols
+    /// that keep one (`lease-semaphore`: `{name}:limit`, `watch-semaphore`:
+    /// `{name}:max`).
+    fn limit_key(&self) -> Result<String, Error> {
+        let config = &self.shared.config;
+        let key = match self.shared.protocol {
+            ProtocolId::LeaseSemaphore => {
+                lockwright_core::semaphores::lease_semaphore::limit_key(config)
+            }
+            ProtocolId::WatchSemaphore => {
+                lockwright_core::semaphores::watch_semaphore::max_size_key(config)
+            }
+            protocol => return Err(LimitError::PerClient { protocol }.into()),
+        };
+        Ok(self.shared.redis_key(&key))
+    }
+
+    async fn run_admin(&self, command: Command) -> Result<Reply, Error> {
+        let Some(route) = self.shared.routes.first() else {
+            return Err(Error::Unavailable("no node".into()));
+        };
+        route
+            .run_once(command, self.shared.settings.request_timeout)
+            .await
+            .map_err(|f| f.permanent.unwrap_or(Error::Unavailable(f.text)))
+    }
+
+    /// The limit in force: read from the server for `lease-semaphore` and
+    /// `watch-semaphore` (shared by every client; [`LimitError::Missing`]
+    /// when not set yet, [`LimitError::NotANumber`] when it holds something
+    /// else), this client's `limit` option for the others.
+    pub async fn limit(&self) -> Result<u32, Error> {
+        let key = match self.limit_key() {
+            Ok(key) => key,
+            Err(Error::Limit(LimitError::PerClient { .. })) => return Ok(self.shared.config.limit),
+            Err(e) => return Err(e),
+        };
+        match self.run_admin(Command::Get { key: key.clone() }).await? {
+            Reply::Nil => Err(LimitError::Missing { key }.into()),
+            Reply::Bulk(value) => match value.trim().parse::<u32>() {
+                Ok(limit) if limit > 0 => Ok(limit),
+                _ => Err(LimitError::NotANumber { key, value }.into()),
+            },
+            Reply::Error(text) => Err(Error::Redis(text)),
+            other => Err(Error::UnexpectedReply {
+                request: "GET limit",
+                reply: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Change the limit for every client: `SET` of the limit key for
+    /// `lease-semaphore` and `watch-semaphore`. Holders beyond a lowered
+    /// limit keep their permits until they release (or, for
+    /// `lease-semaphore`, until they expire); new permits are granted only
+    /// below the new limit. [`LimitError::PerClient`] for the protocols
+    /// whose limit is each client's own option.
+    pub async fn set_limit(&self, limit: u32) -> Result<(), Error> {
+        self.limit_key()?;
+        let config = &self.shared.config;
+        let command = match self.shared.protocol {
+            ProtocolId::LeaseSemaphore => {
+                lockwright_core::semaphores::lease_semaphore::set_limit_command(config, limit)?
+            }
+            _ => lockwright_core::semaphores::watch_semaphore::set_max_size_command(config, limit)?,
+        };
+        match self.run_admin(self.shared.redis_command(command)).await? {
+            Reply::Error(text) => Err(Error::Redis(text)),
+            _ => Ok(()),
+        }
+    }
+
+    /// After a failed acquire: say what is wrong with the limit key, if
+    /// anything (a Lua comparison error or an unexpected `GET` reply
+    /// otherwise hides it).
+    async fn explain_failure(&self, error: Error) -> Error {
+        let limit_related = matches!(
+            (&error, self.shared.protocol),
+            (Error::Redis(_), ProtocolId::LeaseSemaphore)
+                | (
+                    Error::UnexpectedReply { .. } | Error::Missing(_),
+                    ProtocolId::WatchSemaphore
+                )
+        );
+        if !limit_related {
+            return error;
+        }
+        match (self.limit().await, self.shared.protocol) {
+            // lease-semaphore stores its limit when the key is missing: a
+            // missing key explains nothing.
+            (Err(e @ Error::Limit(LimitError::NotANumber { .. })), _) => e,
+            (Err(e @ Error::Limit(_)), ProtocolId::WatchSemaphore) => e,
+            _ => error,
+        }
     }
 }
 
@@ -426,6 +772,9 @@ pub type Permit = LockGuard;
 /// the hold in the background (best effort: if that release cannot run,
 /// the TTL ends the hold).
 pub struct LockGuard {
+    protocol: ProtocolId,
+    /// How many times this owner holds it (`reentrant` only goes above 1).
+    holds: u32,
     holder: Holder,
     lost: watch::Receiver<bool>,
     lease: Lease,
@@ -438,6 +787,7 @@ impl fmt::Debug for LockGuard {
         // The owner token is the proof of ownership: not printed.
         f.debug_struct("LockGuard")
             .field("fence", &self.lease.fence)
+            .field("holds", &self.holds)
             .field("phase", &self.cell.snapshot().phase)
             .field("valid_until", &self.valid_until())
             .finish_non_exhaustive()
@@ -529,6 +879,10 @@ impl LockGuard {
     }
 
     /// Extend the hold by the TTL, measured from now.
+    ///
+    /// [`Error::OutcomeUnknown`] when the extend got no reply: the old lease
+    /// still bounds the hold ([`valid_until`](LockGuard::valid_until) does
+    /// not move). [`Error::Lost`] when Redis said the hold is gone.
     pub async fn extend(&mut self) -> Result<(), Error> {
         let span = tracing::info_span!(parent: &self.span, "extend");
         match self.call(|done| Op::Extend { done }).instrument(span).await {
@@ -541,19 +895,98 @@ impl LockGuard {
         }
     }
 
-    /// Release the hold. `Ok(true)` when our hold was removed, `Ok(false)`
-    /// when it was already gone (expired, or taken by someone else).
-    pub async fn release(mut self) -> Result<bool, Error> {
-        let span = tracing::info_span!(parent: &self.span, "release");
-        self.cell.release();
+    /// `reentrant`: take the held lock once more, as the same owner (what a
+    /// second `acquire` by the holder means in Redisson's `RLock`). The
+    /// server's count for this owner goes up by one and the TTL starts
+    /// again; the lock is released when [`leave`](LockGuard::leave) has
+    /// been called as many times as it was entered, or at once by
+    /// [`release`](LockGuard::release). Returns the new hold count.
+    ///
+    /// A second [`Lock::acquire`] does not re-enter: every acquire is a new
+    /// owner, which waits for this one.
+    ///
+    /// [`Error::Usage`] (`AlreadyHeld`) for the other protocols, (`NotHeld`)
+    /// after [`leave`](LockGuard::leave) brought the count to zero;
+    /// [`Error::Lost`] when the hold turned out to be gone.
+    pub async fn reenter(&mut self) -> Result<u32, Error> {
+        if self.protocol != ProtocolId::Reentrant {
+            return Err(Error::Usage(UsageError::AlreadyHeld));
+        }
+        // Left at the last level: the guard holds nothing to re-enter.
+        if self.holds == 0 {
+            return Err(Error::Usage(UsageError::NotHeld));
+        }
+        let span = tracing::info_span!(parent: &self.span, "reenter");
         match self
-            .call(|done| Op::Release { done })
+            .call(|done| Op::Reenter { done })
             .instrument(span)
             .await
         {
-            // Already lost: nothing of ours is left to remove.
-            Err(Error::Usage(UsageError::NotHeld)) => Ok(false),
-            other => other,
+            Ok(lease) => {
+                self.lease = lease;
+                self.holds += 1;
+                Ok(self.holds)
+            }
+            Err(Error::Usage(UsageError::NotHeld)) => Err(Error::Lost),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Undo one [`reenter`](LockGuard::reenter) (or, at the last level, the
+    /// acquire): the server's count goes down by one, and the lock is
+    /// released when it reaches zero. Returns the hold count left; at 0 the
+    /// guard no longer holds anything. Fails as [`release`](LockGuard::release)
+    /// does (and counts a level with an unknown outcome as left).
+    pub async fn leave(&mut self) -> Result<u32, Error> {
+        if self.holds <= 1 {
+            self.cell.release();
+        }
+        let span = tracing::info_span!(parent: &self.span, "leave");
+        let result = self
+            .call(|done| Op::Release { done })
+            .instrument(span)
+            .await;
+        self.holds = self.holds.saturating_sub(1);
+        match result {
+            Ok(true) => Ok(self.holds),
+            Ok(false) | Err(Error::Usage(UsageError::NotHeld)) => {
+                self.holds = 0;
+                Err(Error::Lost)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// How many times this owner holds the lock: 1 after an acquire, one
+    /// more per [`reenter`](LockGuard::reenter), one less per
+    /// [`leave`](LockGuard::leave).
+    pub fn hold_count(&self) -> u32 {
+        self.holds
+    }
+
+    /// Release the hold. `Ok(true)` when our hold was removed, `Ok(false)`
+    /// when Redis said it was already gone (expired, or taken by someone
+    /// else). [`Error::OutcomeUnknown`] when a request of the release got no
+    /// reply: the hold may still stand on the server until its TTL.
+    pub async fn release(mut self) -> Result<bool, Error> {
+        let span = tracing::info_span!(parent: &self.span, "release");
+        self.cell.release();
+        // A reentrant hold entered several times is released level by level
+        // (the unlock script takes one level per call), down to zero.
+        loop {
+            let result = match self
+                .call(|done| Op::Release { done })
+                .instrument(span.clone())
+                .await
+            {
+                // Already lost: nothing of ours is left to remove.
+                Err(Error::Usage(UsageError::NotHeld)) => Ok(false),
+                other => other,
+            };
+            self.holds = self.holds.saturating_sub(1);
+            if self.holds == 0 || !matches!(result, Ok(true)) {
+                return result;
+            }
         }
     }
 }

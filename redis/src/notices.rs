@@ -1,68 +1,290 @@
-//! Wake-on-release: one subscription per lock, one waiter woken per notice.
+//! Wake-on-release: one pub/sub connection per node of a [`Nodes`], shared
+//! by all its locks; one waiter woken per notice.
 //!
 //! With `LockOptions::notify`, the release scripts publish a notice on
-//! `<key>:released`. Every [`Lock`](crate::Lock) (and its clones) keeps one
-//! pattern subscription to its notices, opened by its first waiting acquire
-//! and closed when the lock is dropped, and a FIFO of its waiting acquires.
-//! A notice wakes the waiter at the head of the line only: it tries once;
-//! on success it leaves the line, otherwise it stays first and waits for
-//! the next notice. A waiter that joins behind others does not try before
-//! its turn, so the holders of one process hand the lock on in order, and a
-//! release costs one attempt, not one per waiter.
+//! `<key>:released`. Each node of a [`Nodes`] has one [`Hub`]: a single
+//! pub/sub connection, opened by the first waiting acquire of any lock on
+//! it, carrying one pattern subscription (`<key>*:released`) per lock that
+//! has waiters, dropped when the last lock on that key goes away. Every
+//! [`Lock`](crate::Lock) (and its clones) keeps a FIFO of its waiting
+//! acquires ([`Notices`]). A notice wakes the waiter at the head of the
+//! line only: it tries once; on success it leaves the line, otherwise it
+//! stays first and waits for the next notice. A waiter that joins behind
+//! others does not try before its turn, so the holders of one process hand
+//! the lock on in order, and a release costs one attempt, not one per
+//! waiter.
 //!
 //! Notices are a hint, never a grant: every attempt is the protocol's own
-//! acquire, and every waiter also retries after a fallback delay (bounded
-//! by the TTL), in case a notice is lost (a dropped subscription, a holder
-//! that releases silently, a hold that expires).
+//! acquire, and every waiter also retries after a fallback delay (the
+//! polling delay, `retry_max`), in case a notice is lost (a dropped
+//! subscription, a holder that releases silently, a hold that expires).
+//!
+//! [`Nodes`]: crate::Nodes
 
+use crate::source::Source;
 use futures_util::StreamExt;
-use std::collections::VecDeque;
+use redis::aio::PubSubSink;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{oneshot, Notify};
 
-/// The state of a lock's subscription.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Listening {
-    /// No listener (never started, or its connection ended).
-    Off,
-    /// Subscribing.
-    Starting,
-    /// Subscribed: notices arrive.
-    On,
+/// One node's pub/sub connection, shared by every lock of a `Nodes`.
+pub(crate) struct Hub {
+    source: Arc<Source>,
+    timeout: Duration,
+    state: Mutex<HubState>,
+    /// One connect at a time.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct HubState {
+    /// The live connection's sink (`None`: not connected).
+    sink: Option<PubSubSink>,
+    /// Which connection `sink` belongs to.
+    generation: u64,
+    /// Stops the reader of the live connection.
+    stop: Option<oneshot::Sender<()>>,
+    /// Pattern → the locks listening to it, and whether it is subscribed
+    /// on the live connection.
+    patterns: HashMap<String, Pattern>,
+}
+
+#[derive(Default)]
+struct Pattern {
+    listeners: Vec<Weak<Notices>>,
+    subscribed: bool,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("node", &self.source.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    pub(crate) fn new(source: Arc<Source>, timeout: Duration) -> Arc<Hub> {
+        Arc::new(Hub {
+            source,
+            timeout,
+            state: Mutex::new(HubState::default()),
+            connecting: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Make sure `notices`' pattern is subscribed on a live connection
+    /// (connecting if needed). Failures are logged, not returned: without
+    /// notices the waiters still retry on their fallback.
+    async fn listen(self: &Arc<Hub>, notices: &Arc<Notices>) {
+        let pattern = notices.pattern.clone();
+        {
+            let mut state = self.state();
+            let entry = state.patterns.entry(pattern.clone()).or_default();
+            entry.listeners.retain(|w| w.strong_count() > 0);
+            if !entry
+                .listeners
+                .iter()
+                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(notices)))
+            {
+                entry.listeners.push(Arc::downgrade(notices));
+            }
+            if entry.subscribed && state.sink.is_some() {
+                return;
+            }
+        }
+        let result = tokio::time::timeout(self.timeout, self.subscribe(&pattern)).await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "release notices: subscribe failed"),
+            Err(_) => tracing::debug!("release notices: subscribe timed out"),
+        }
+    }
+
+    async fn subscribe(self: &Arc<Hub>, pattern: &str) -> redis::RedisResult<()> {
+        let (mut sink, generation) = self.connect().await?;
+        sink.psubscribe(pattern).await?;
+        let mut state = self.state();
+        if state.generation == generation {
+            if let Some(entry) = state.patterns.get_mut(pattern) {
+                entry.subscribed = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The live connection's sink, connecting first if there is none.
+    async fn connect(self: &Arc<Hub>) -> redis::RedisResult<(PubSubSink, u64)> {
+        if let Some(live) = self.live() {
+            return Ok(live);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(live) = self.live() {
+            return Ok(live);
+        }
+        let client = self.source.client(self.timeout).await?;
+        let (sink, mut stream) = client.get_async_pubsub().await?.split();
+        let (stop, mut stopped) = oneshot::channel();
+        let generation = {
+            let mut state = self.state();
+            state.generation += 1;
+            state.sink = Some(sink.clone());
+            state.stop = Some(stop);
+            for entry in state.patterns.values_mut() {
+                entry.subscribed = false;
+            }
+            state.generation
+        };
+        tracing::debug!(generation, "release notices: connected");
+        let hub = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    message = stream.next() => {
+                        let Some(hub) = hub.upgrade() else { return };
+                        match message {
+                            Some(message) => match message.get_pattern::<String>() {
+                                Ok(pattern) => hub.wake(&pattern),
+                                Err(_) => tracing::trace!("release notices: no pattern"),
+                            },
+                            None => {
+                                hub.lost(generation);
+                                return;
+                            }
+                        }
+                    }
+                    _ = &mut stopped => return,
+                }
+            }
+        });
+        Ok((sink, generation))
+    }
+
+    fn live(&self) -> Option<(PubSubSink, u64)> {
+        let state = self.state();
+        state.sink.clone().map(|sink| (sink, state.generation))
+    }
+
+    /// A notice on `pattern`: wake the first waiter of every lock on it.
+    fn wake(&self, pattern: &str) {
+        let listeners: Vec<Arc<Notices>> = {
+            let state = self.state();
+            let Some(entry) = state.patterns.get(pattern) else {
+                return;
+            };
+            entry.listeners.iter().filter_map(Weak::upgrade).collect()
+        };
+        tracing::trace!(pattern, "release notice");
+        for notices in listeners {
+            notices.wake_first();
+        }
+    }
+
+    /// The connection of `generation` ended: forget it and wake everyone
+    /// (they try, then wait on their fallback; the next waiter to join
+    /// connects again).
+    fn lost(&self, generation: u64) {
+        let listeners: Vec<Arc<Notices>> = {
+            let mut state = self.state();
+            if state.generation != generation {
+                return;
+            }
+            state.sink = None;
+            state.stop = None;
+            state
+                .patterns
+                .values_mut()
+                .flat_map(|entry| {
+                    entry.subscribed = false;
+                    entry.listeners.iter().filter_map(Weak::upgrade)
+                })
+                .collect()
+        };
+        tracing::debug!("release notices: connection ended");
+        for notices in listeners {
+            notices.wake_all();
+        }
+    }
+
+    /// A lock went away: drop its pattern once no lock listens to it.
+    fn forget(&self, pattern: &str) {
+        let sink = {
+            let mut state = self.state();
+            let Some(entry) = state.patterns.get_mut(pattern) else {
+                return;
+            };
+            entry.listeners.retain(|w| w.strong_count() > 0);
+            if !entry.listeners.is_empty() {
+                return;
+            }
+            let subscribed = entry.subscribed;
+            state.patterns.remove(pattern);
+            if !subscribed {
+                return;
+            }
+            state.sink.clone()
+        };
+        if let (Some(mut sink), Ok(runtime)) = (sink, tokio::runtime::Handle::try_current()) {
+            let pattern = pattern.to_owned();
+            runtime.spawn(async move {
+                let _ = sink.punsubscribe(pattern).await;
+            });
+        }
+    }
+
+    /// How many patterns are subscribed (for tests of the crate).
+    #[cfg(test)]
+    fn subscribed(&self) -> usize {
+        self.state()
+            .patterns
+            .values()
+            .filter(|p| p.subscribed)
+            .count()
+    }
 }
 
 struct Line {
     next_id: u64,
     waiters: VecDeque<(u64, Arc<Notify>)>,
-    /// Stops the listener when the lock goes away.
-    stop: Option<oneshot::Sender<()>>,
 }
 
-/// One lock's subscription to its release notices and its line of waiters.
+/// One lock's release notices (through its node's [`Hub`]) and its line of
+/// waiters.
 pub(crate) struct Notices {
-    client: redis::Client,
+    hub: Arc<Hub>,
     pattern: String,
-    timeout: Duration,
     line: Mutex<Line>,
-    listening: watch::Sender<Listening>,
+}
+
+/// Escape the glob characters of a key for a `PSUBSCRIBE` pattern.
+fn glob_escape(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl Notices {
-    /// Notices of the lock whose key is `key`, read from `client`'s node
-    /// (the channels `<key>*:released`: the lock key's, or a semaphore's
-    /// permits key's).
-    pub(crate) fn new(client: redis::Client, key: &str, timeout: Duration) -> Arc<Notices> {
+    /// Notices of the lock whose key is `key`, through `hub` (the channels
+    /// `<key>*:released`: the lock key's, or a semaphore's permits key's).
+    pub(crate) fn new(hub: Arc<Hub>, key: &str) -> Arc<Notices> {
         Arc::new(Notices {
-            client,
-            pattern: format!("{key}*:released"),
-            timeout,
+            hub,
+            pattern: format!("{}*:released", glob_escape(key)),
             line: Mutex::new(Line {
                 next_id: 0,
                 waiters: VecDeque::new(),
-                stop: None,
             }),
-            listening: watch::channel(Listening::Off).0,
         })
     }
 
@@ -71,9 +293,9 @@ impl Notices {
     }
 
     /// Join the line. The ticket tells whether anyone was ahead, and waits
-    /// for this waiter's turn. Starts the subscription if it is off, and
-    /// waits (at most the request timeout) until it is on, so that no
-    /// notice sent after this returns is missed.
+    /// for this waiter's turn. Subscribes (at most the request timeout) if
+    /// the lock's pattern is not subscribed yet, so that no notice sent
+    /// after this returns is missed.
     pub(crate) async fn join(self: &Arc<Notices>) -> Ticket {
         let notify = Arc::new(Notify::new());
         let (id, ahead) = {
@@ -91,39 +313,8 @@ impl Notices {
             ahead,
             done: false,
         };
-        self.start_listening();
-        let mut listening = self.listening.subscribe();
-        // Without a subscription (refused, or slow) the fallback retries
-        // still run; the waiter does not fail for want of notices.
-        let _ = tokio::time::timeout(
-            self.timeout,
-            listening.wait_for(|l| *l != Listening::Starting),
-        )
-        .await;
+        self.hub.listen(self).await;
         ticket
-    }
-
-    fn start_listening(self: &Arc<Notices>) {
-        let started = self.listening.send_if_modified(|l| {
-            if *l == Listening::Off {
-                *l = Listening::Starting;
-                true
-            } else {
-                false
-            }
-        });
-        if !started {
-            return;
-        }
-        let (stop_tx, stop_rx) = oneshot::channel();
-        self.line().stop = Some(stop_tx);
-        tokio::spawn(listen(
-            Arc::downgrade(self),
-            self.client.clone(),
-            self.pattern.clone(),
-            self.timeout,
-            stop_rx,
-        ));
     }
 
     /// A notice came: wake the first waiter.
@@ -133,8 +324,7 @@ impl Notices {
         }
     }
 
-    /// The subscription ended: wake everyone (they try, then wait on their
-    /// fallback; the next waiter to join subscribes again).
+    /// The subscription ended: wake everyone.
     fn wake_all(&self) {
         for (_, notify) in &self.line().waiters {
             notify.notify_one();
@@ -144,52 +334,7 @@ impl Notices {
 
 impl Drop for Notices {
     fn drop(&mut self) {
-        // Dropping the sender stops the listener.
-        self.line().stop = None;
-    }
-}
-
-async fn listen(
-    notices: Weak<Notices>,
-    client: redis::Client,
-    pattern: String,
-    timeout: Duration,
-    mut stop: oneshot::Receiver<()>,
-) {
-    let subscribe = async {
-        let mut pubsub = client.get_async_pubsub().await?;
-        pubsub.psubscribe(&pattern).await?;
-        Ok::<_, redis::RedisError>(pubsub.into_on_message())
-    };
-    let subscribed = tokio::select! {
-        result = tokio::time::timeout(timeout, subscribe) => result.ok().and_then(Result::ok),
-        _ = &mut stop => return,
-    };
-    let Some(mut messages) = subscribed else {
-        tracing::debug!("release notices: subscribe failed");
-        if let Some(notices) = notices.upgrade() {
-            notices.listening.send_replace(Listening::Off);
-        }
-        return;
-    };
-    if let Some(notices) = notices.upgrade() {
-        notices.listening.send_replace(Listening::On);
-    }
-    loop {
-        tokio::select! {
-            message = messages.next() => {
-                let Some(notices) = notices.upgrade() else { return };
-                if message.is_none() {
-                    tracing::debug!("release notices: subscription ended");
-                    notices.listening.send_replace(Listening::Off);
-                    notices.wake_all();
-                    return;
-                }
-                tracing::trace!("release notice");
-                notices.wake_first();
-            }
-            _ = &mut stop => return,
-        }
+        self.hub.forget(&self.pattern);
     }
 }
 
@@ -234,5 +379,26 @@ impl Drop for Ticket {
                 next.notify_one();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_characters_in_keys_are_escaped() {
+        assert_eq!(glob_escape("{a}"), "{a}");
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[test]
+    fn a_new_hub_subscribes_nothing() {
+        let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+        let hub = Hub::new(
+            Arc::new(Source::Direct(Box::new(client))),
+            Duration::from_millis(10),
+        );
+        assert_eq!(hub.subscribed(), 0);
     }
 }

@@ -24,6 +24,9 @@ pub fn in_ci() -> bool {
 pub struct RedisServer {
     child: Child,
     port: u16,
+    /// Files of its own (a Sentinel's or a Cluster node's configuration),
+    /// removed on drop.
+    files: Vec<PathBuf>,
 }
 
 /// Find `redis-server` on `PATH`.
@@ -55,29 +58,133 @@ fn ping(port: u16) -> bool {
     stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
+/// The arguments of a plain server on `port`: loopback only, no
+/// persistence, files in the temporary directory.
+fn plain_args(port: u16) -> Vec<String> {
+    vec![
+        "--port".to_owned(),
+        port.to_string(),
+        "--bind".to_owned(),
+        "127.0.0.1".to_owned(),
+        "--save".to_owned(),
+        String::new(),
+        "--appendonly".to_owned(),
+        "no".to_owned(),
+        "--dir".to_owned(),
+        std::env::temp_dir().to_string_lossy().into_owned(),
+    ]
+}
+
+/// Does something answer on `port` with a Redis reply (any, even an
+/// authentication error)?
+fn answers(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 1];
+    stream.read_exact(&mut buf).is_ok() && (buf[0] == b'+' || buf[0] == b'-')
+}
+
+/// A loopback port nothing listens on (bound, then released): connecting
+/// to it is refused.
+pub fn closed_port() -> u16 {
+    match free_port() {
+        Ok(port) => port,
+        Err(e) => panic!("no free loopback port: {e}"),
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        other => panic!("kill -{name} {pid}: {other:?}"),
+    }
+}
+
 impl RedisServer {
     /// Start a fresh server (no persistence) on a free port and wait until it
     /// answers `PING`.
     pub fn start() -> Result<RedisServer, String> {
+        RedisServer::start_with(&[])
+    }
+
+    /// [`RedisServer::start`] with extra command-line arguments (for
+    /// example `["--requirepass", "secret"]`). The readiness check is a TCP
+    /// connect, so it works with a password too.
+    pub fn start_with(extra: &[&str]) -> Result<RedisServer, String> {
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        RedisServer::launch(|port| {
+            let mut args = plain_args(port);
+            args.extend(extra.iter().cloned());
+            Ok((args, Vec::new()))
+        })
+    }
+
+    /// A Sentinel on a free port, monitoring the master on `master_port`
+    /// as `master_name` with a quorum of 1, judging a master down after
+    /// 1 s. Its configuration file (Sentinel rewrites it) is removed on
+    /// drop.
+    pub fn start_sentinel(master_port: u16, master_name: &str) -> Result<RedisServer, String> {
+        RedisServer::launch(|port| {
+            let dir = std::env::temp_dir();
+            let conf = dir.join(format!("lockwright-sentinel-{port}.conf"));
+            let text = format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                 sentinel monitor {master_name} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {master_name} 1000\n\
+                 sentinel failover-timeout {master_name} 3000\n",
+                dir = dir.display(),
+            );
+            std::fs::write(&conf, text).map_err(|e| format!("write {}: {e}", conf.display()))?;
+            let args = vec![conf.to_string_lossy().into_owned(), "--sentinel".to_owned()];
+            Ok((args, vec![conf]))
+        })
+    }
+
+    /// A Cluster node (`cluster-enabled yes`) on a free port, not yet part
+    /// of a cluster. Its nodes file is removed on drop.
+    pub fn start_cluster_node() -> Result<RedisServer, String> {
+        RedisServer::launch(|port| {
+            let file = format!("lockwright-nodes-{port}.conf");
+            let path = std::env::temp_dir().join(&file);
+            let _ = std::fs::remove_file(&path);
+            let mut args = plain_args(port);
+            args.extend(
+                ["--cluster-enabled", "yes", "--cluster-config-file", &file].map(str::to_owned),
+            );
+            Ok((args, vec![path]))
+        })
+    }
+
+    /// Start `redis-server` with the arguments `make` gives for a free
+    /// port, and wait until it answers.
+    fn launch(
+        make: impl Fn(u16) -> Result<(Vec<String>, Vec<PathBuf>), String>,
+    ) -> Result<RedisServer, String> {
         let binary = find_redis_server()?;
         let mut last_error = String::new();
         // A free port can be taken between choosing and binding it: retry.
         for _ in 0..5 {
             let port = free_port()?;
+            let (args, files) = make(port)?;
             let child = Command::new(&binary)
-                .args(["--port", &port.to_string()])
-                .args(["--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+                .args(&args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
-            let mut server = RedisServer { child, port };
+            let mut server = RedisServer { child, port, files };
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(5) {
-                if ping(port) {
+                if ping(port) || answers(port) {
                     return Ok(server);
                 }
                 if let Ok(Some(status)) = server.child.try_wait() {
@@ -120,10 +227,41 @@ impl RedisServer {
     }
 }
 
-impl Drop for RedisServer {
-    fn drop(&mut self) {
+impl RedisServer {
+    /// Stop the server with `SIGSTOP`: it keeps its sockets open and
+    /// answers nothing until [`resume`](RedisServer::resume).
+    pub fn pause(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    /// Let a paused server run again (`SIGCONT`).
+    pub fn resume(&self) {
+        signal(self.child.id(), "CONT");
+    }
+
+    /// Kill the server (`SIGKILL`) and wait for it: its port is then closed
+    /// and connections to it are refused.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            // A stopped process still dies of SIGKILL; SIGCONT first anyway
+            // so that nothing is left stopped if the kill were refused.
+            let _ = Command::new("kill")
+                .args(["-CONT".to_owned(), self.child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        for file in &self.files {
+            let _ = std::fs::remove_file(file);
+        }
     }
 }
 
@@ -150,4 +288,106 @@ pub async fn raw<T: redis::FromRedisValue>(
         Ok(v) => v,
         Err(e) => panic!("raw command failed: {e}"),
     }
+}
+
+/// A 3-master Redis Cluster on loopback ports (no replicas): slots split in
+/// three ranges, nodes introduced with `CLUSTER MEET`. Killed on drop.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The masters, in slot order (node 0 serves slots 0–5460).
+    pub nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    /// Start it and wait until every node says `cluster_state:ok`.
+    pub async fn start() -> Result<Cluster, String> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(RedisServer::start_cluster_node()?);
+        }
+        let ranges = [(0, 5460), (5461, 10922), (10923, 16383)];
+        for (node, (first, last)) in nodes.iter().zip(ranges) {
+            let mut conn = node.conn().await;
+            let _: () = try_raw(
+                &mut conn,
+                redis::cmd("CLUSTER")
+                    .arg("ADDSLOTSRANGE")
+                    .arg(first)
+                    .arg(last),
+            )
+            .await?;
+        }
+        let mut first = nodes[0].conn().await;
+        for node in &nodes[1..] {
+            let _: () = try_raw(
+                &mut first,
+                redis::cmd("CLUSTER")
+                    .arg("MEET")
+                    .arg("127.0.0.1")
+                    .arg(node.port()),
+            )
+            .await?;
+        }
+        let cluster = Cluster { nodes };
+        for _ in 0..300 {
+            if cluster.is_ok().await {
+                return Ok(cluster);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err("the cluster did not reach cluster_state:ok within 30 s".to_owned())
+    }
+
+    async fn is_ok(&self) -> bool {
+        for node in &self.nodes {
+            let mut conn = node.conn().await;
+            let info: Result<String, _> =
+                try_raw(&mut conn, redis::cmd("CLUSTER").arg("INFO")).await;
+            match info {
+                Ok(info)
+                    if info.contains("cluster_state:ok")
+                        && info.contains("cluster_known_nodes:3") => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// The slot of `key` (`CLUSTER KEYSLOT`).
+    pub async fn slot(&self, key: &str) -> u16 {
+        let mut conn = self.nodes[0].conn().await;
+        raw(&mut conn, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)).await
+    }
+
+    /// The node serving `slot` in the initial layout.
+    pub fn initial_owner(&self, slot: u16) -> &RedisServer {
+        &self.nodes[match slot {
+            0..=5460 => 0,
+            5461..=10922 => 1,
+            _ => 2,
+        }]
+    }
+}
+
+/// Start a cluster for `test`, or skip as [`redis_or_skip`] does.
+pub async fn cluster_or_skip(test: &str) -> Option<Cluster> {
+    if let Err(reason) = find_redis_server() {
+        if in_ci() {
+            panic!("{test}: redis-server is required under CI: {reason}");
+        }
+        eprintln!("\n*** SKIPPED {test}: redis-server not found: {reason} ***\n");
+        return None;
+    }
+    match Cluster::start().await {
+        Ok(cluster) => Some(cluster),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// [`raw`], returning the error instead of panicking.
+pub async fn try_raw<T: redis::FromRedisValue>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    cmd: &mut redis::Cmd,
+) -> Result<T, String> {
+    cmd.query_async(conn).await.map_err(|e| e.to_string())
 }

@@ -104,8 +104,8 @@ async fn a_wrongtype_lock_key_gives_typed_errors_not_panics() {
         return;
     };
     let mut conn = redis.conn().await;
-    // A hash already sits under the lock key: SET NX does not touch it, so
-    // the lock is simply taken.
+    // A hash already sits under the lock key: SET NX does not touch it, and
+    // the adapter says why the lock cannot be taken.
     let _: i64 = raw(
         &mut conn,
         redis::cmd("HSET").arg("{typed}").arg("f").arg("v"),
@@ -117,7 +117,10 @@ async fn a_wrongtype_lock_key_gives_typed_errors_not_panics() {
         options(ProtocolId::SetPxLua, Duration::from_secs(5)),
     )
     .unwrap();
-    assert!(lock.try_acquire().await.unwrap().is_none());
+    match lock.try_acquire().await {
+        Err(e) => assert!(e.is_wrong_type(), "{e}"),
+        Ok(guard) => panic!("expected WRONGTYPE, got {guard:?}"),
+    }
     let _: i64 = raw(&mut conn, redis::cmd("DEL").arg("{typed}")).await;
 
     // Held, then someone turns the key into a hash: the release script's GET

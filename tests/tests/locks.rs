@@ -18,7 +18,8 @@ fn servers_for(protocol: ProtocolId) -> Option<Vec<RedisServer>> {
 fn options(protocol: ProtocolId, ttl_ms: u64) -> LockOptions {
     LockOptions {
         auto_renew: false,
-        request_timeout: Duration::from_millis(500),
+        // Shorter than the TTL, as the adapter requires.
+        request_timeout: Duration::from_millis(500.min(ttl_ms / 2)),
         ..LockOptions::new(protocol, Duration::from_millis(ttl_ms))
     }
 }

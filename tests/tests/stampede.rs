@@ -34,7 +34,7 @@ async fn concurrent_misses_run_the_loader_once() {
     }
     assert_eq!(loads.load(Ordering::SeqCst), 1, "single flight");
     let mut conn = redis.conn().await;
-    let cached: String = raw(&mut conn, redis::cmd("GET").arg("sku-1")).await;
+    let cached: String = raw(&mut conn, redis::cmd("GET").arg("prices:sku-1")).await;
     assert_eq!(cached, "42");
     // A hit never calls the loader.
     let hit = cache

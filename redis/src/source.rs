@@ -1,0 +1,112 @@
+//! Where a node's connections go: a fixed address, or the master a set of
+//! Sentinels names at the time of connecting.
+
+use redis::{ConnectionAddr, RedisError};
+use std::time::Duration;
+
+/// How to reach one node.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// A fixed address (boxed: a client with TLS support is large).
+    Direct(Box<redis::Client>),
+    /// The current master of a Sentinel-monitored group.
+    Sentinel(Box<SentinelGroup>),
+    /// A Redis Cluster: requests go through one cluster connection, which
+    /// sends each to the master of its keys' slot.
+    Cluster {
+        /// The cluster client (seed nodes, timeouts).
+        client: Box<redis::cluster::ClusterClient>,
+        /// A seed node, for the pub/sub connection of release notices (a
+        /// Cluster delivers every `PUBLISH` to every node).
+        seed: Box<redis::Client>,
+    },
+}
+
+/// A master group watched by Sentinels.
+#[derive(Clone)]
+pub(crate) struct SentinelGroup {
+    /// The Sentinels, asked in order.
+    pub(crate) sentinels: Vec<redis::Client>,
+    /// The group's name (`sentinel monitor <name> ...`).
+    pub(crate) master_name: String,
+    /// Credentials, database and protocol for the master; its address is
+    /// replaced by the one the Sentinels name.
+    pub(crate) template: redis::Client,
+}
+
+impl Source {
+    /// A client for the node as of now: for a Sentinel group, the master
+    /// the first answering Sentinel names (asked at every connect, so a
+    /// failover is followed by the next connection).
+    pub(crate) async fn client(&self, timeout: Duration) -> Result<redis::Client, RedisError> {
+        match self {
+            Source::Direct(client) => Ok((**client).clone()),
+            Source::Sentinel(group) => group.master(timeout).await,
+            Source::Cluster { seed, .. } => Ok((**seed).clone()),
+        }
+    }
+
+    /// For logs and Debug: the address, or the Sentinel group (never a
+    /// password).
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Source::Direct(client) => client.get_connection_info().addr().to_string(),
+            Source::Cluster { seed, .. } => {
+                format!("cluster via {}", seed.get_connection_info().addr())
+            }
+            Source::Sentinel(group) => format!(
+                "sentinel {} via {}",
+                group.master_name,
+                group
+                    .sentinels
+                    .iter()
+                    .map(|s| s.get_connection_info().addr().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        }
+    }
+}
+
+impl SentinelGroup {
+    async fn master(&self, timeout: Duration) -> Result<redis::Client, RedisError> {
+        let mut last: Option<RedisError> = None;
+        for sentinel in &self.sentinels {
+            match tokio::time::timeout(timeout, self.ask(sentinel)).await {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => {
+                    last = Some(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "sentinel did not answer in time",
+                    )))
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            RedisError::from((redis::ErrorKind::EmptySentinelList, "no sentinel given"))
+        }))
+    }
+
+    async fn ask(&self, sentinel: &redis::Client) -> Result<redis::Client, RedisError> {
+        let mut conn = sentinel.get_multiplexed_async_connection().await?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master_name)
+            .query_async(&mut conn)
+            .await?;
+        let Some((host, port)) = addr else {
+            return Err(RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "the sentinel does not know this master",
+                self.master_name.clone(),
+            )));
+        };
+        let info = self
+            .template
+            .get_connection_info()
+            .clone()
+            .set_addr(ConnectionAddr::Tcp(host, port));
+        redis::Client::open(info)
+    }
+}
