@@ -1449,7 +1449,12 @@ fn lease_acquire_errors() {
     let mut n = Node::new();
     assert_eq!(
         n.run(lease_acquire("a", "soon", "1")),
-        err("ERR user_script:10: attempt to perform arithmetic on a nil value")
+        err("ERR user_script:11: attempt to perform arithmetic on a nil value")
+    );
+    assert_eq!(
+        n.run(get("fence")),
+        bulk("1"),
+        "the INCR before the error stays, as in Redis"
     );
 }
 

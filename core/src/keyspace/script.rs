@@ -514,7 +514,7 @@ fn lease_acquire(lua: &mut Lua<'_>) -> Run {
     // The fence first, as in fenced-acquire: no permit without a fence.
     let fence_key = lua.key(1)?;
     let fence = lua.call(Command::Incr { key: fence_key })?;
-    let ttl = lua_number(lua.args.get(1).map(String::as_str), 10, ARITHMETIC_NIL)?;
+    let ttl = lua_number(lua.args.get(1).map(String::as_str), 11, ARITHMETIC_NIL)?;
     let token = lua.arg(0)?;
     lua.call(Command::ZAdd {
         key: permits,
