@@ -32,9 +32,12 @@
 //!   unlock reports `Released { was_held: true }`, whether or not the count
 //!   reached zero; [`Reentrant::hold_count`] and [`Protocol::lease`] say
 //!   whether the lock is still held. An unlock with an unknown outcome is
-//!   counted as done and reported `Released { was_held: false }`: if it did
-//!   not run, the server's count is one higher than ours, and when our count
-//!   reaches zero the watchdog stops and the TTL removes the rest.
+//!   counted as done and reported `Released { was_held: false }`. When our
+//!   count reaches zero but the unlock script answers that the server's has
+//!   not (a lock script whose reply never came did run, or an unlock with an
+//!   unknown outcome did not), the machine runs the unlock script again
+//!   until the field is gone and only then reports the release, so no count
+//!   of ours outlives the hold by a TTL.
 //! - The watchdog (with `config.auto_renew`) fires at `send time + ttl / 3`
 //!   after every grant or renewal. A renewal that succeeds reports
 //!   [`Event::Extended`] with `valid_until = renewal sent + ttl − drift`;
@@ -99,6 +102,10 @@ enum Op {
     Releasing {
         req: RequestId,
         sent_at: Millis,
+        /// Our count has reached zero but the server's had not: a lock
+        /// script whose reply never came did run. Unlock again until the
+        /// field is gone.
+        draining: bool,
     },
 }
 
@@ -184,6 +191,15 @@ impl Reentrant {
             req,
             sent_at: now,
             how,
+        };
+    }
+
+    fn send_unlock(&mut self, now: Millis, sent_at: Millis, draining: bool) {
+        let req = self.send(now, REPLY, Script::ReentrantUnlock);
+        self.op = Op::Releasing {
+            req,
+            sent_at,
+            draining,
         };
     }
 
@@ -335,9 +351,34 @@ impl Reentrant {
                 hold.count = count;
                 self.rearm_after_release(now, sent_at);
             }
-            _ => self.drop_hold(),
+            _ => {
+                self.drop_hold();
+                if was_held && !deleted {
+                    // Ours is zero, the server's is not: a lock script with
+                    // an unknown outcome ran. Take the rest off too.
+                    self.send_unlock(now, sent_at, true);
+                    return;
+                }
+            }
         }
         self.base.out.emit(Event::Released { was_held });
+    }
+
+    /// A further unlock after ours reached zero: until the field is gone
+    /// (`1`, or nil when its TTL or a restart took it first), or the reply
+    /// is lost (the TTL removes what is left).
+    fn on_drain_reply(&mut self, now: Millis, sent_at: Millis, outcome: Outcome) {
+        match outcome {
+            Outcome::Reply(Reply::Int(0)) => self.send_unlock(now, sent_at, true),
+            Outcome::Reply(Reply::Int(_) | Reply::Nil) | Outcome::Unknown => {
+                self.base.out.emit(Event::Released { was_held: true });
+            }
+            Outcome::Reply(reply) => {
+                self.base
+                    .out
+                    .emit(Event::Failed(Self::unexpected("reentrant-unlock", reply)));
+            }
+        }
     }
 
     /// After a release that left the hold in place, the timers it cleared
@@ -406,8 +447,7 @@ impl Protocol for Reentrant {
         }
         self.cancel_renewal();
         self.base.timers.clear(EXPIRY);
-        let req = self.send(now, REPLY, Script::ReentrantUnlock);
-        self.op = Op::Releasing { req, sent_at: now };
+        self.send_unlock(now, now, false);
         Ok(())
     }
 
@@ -438,7 +478,15 @@ impl Protocol for Reentrant {
         self.base.timers.clear(REPLY);
         match std::mem::replace(&mut self.op, Op::Idle) {
             Op::Acquiring { sent_at, how, .. } => self.on_lock_reply(now, sent_at, how, outcome),
-            Op::Releasing { sent_at, .. } => self.on_unlock_reply(now, sent_at, outcome),
+            Op::Releasing {
+                sent_at, draining, ..
+            } => {
+                if draining {
+                    self.on_drain_reply(now, sent_at, outcome);
+                } else {
+                    self.on_unlock_reply(now, sent_at, outcome);
+                }
+            }
             Op::Extending { sent_at, .. } => self.on_renew_reply(now, sent_at, outcome),
             op @ (Op::Idle | Op::BackingOff { .. }) => self.op = op,
         }
@@ -544,6 +592,42 @@ mod tests {
         assert_eq!(drive(&mut b, &mut redis, 1, Millis(200)), [Event::Denied]);
         assert_eq!(b.hold_count(), 0);
         assert_eq!(b.lease(), None);
+    }
+
+    #[test]
+    fn a_reenter_that_ran_without_a_reply_is_taken_off_by_the_last_release() {
+        let mut redis = Keyspace::new();
+        let mut a = lock("a", false);
+        a.acquire(Millis(0), Acquire::Once).unwrap();
+        drive(&mut a, &mut redis, 0, Millis(0));
+        // The second lock script runs on the server; its reply is lost.
+        a.acquire(Millis(100), Acquire::Once).unwrap();
+        let request = a.poll_transmit().expect("the lock script");
+        redis.execute(ConnId(0), Millis(100), &request.command);
+        a.handle_reply(Millis(100), request.id, Outcome::Unknown);
+        assert_eq!(
+            std::iter::from_fn(|| a.poll_event()).collect::<Vec<_>>(),
+            [Event::Denied]
+        );
+        assert_eq!(a.hold_count(), 1, "ours did not count it");
+        assert_eq!(
+            count_on_server(&mut redis, "a", Millis(100)),
+            Reply::Bulk("2".into())
+        );
+        // Our last release unlocks until the server's count is gone too.
+        a.release(Millis(200)).unwrap();
+        assert_eq!(
+            drive(&mut a, &mut redis, 0, Millis(200)),
+            [Event::Released { was_held: true }]
+        );
+        assert_eq!(a.hold_count(), 0);
+        assert_eq!(count_on_server(&mut redis, "a", Millis(200)), Reply::Nil);
+        let mut b = lock("b", false);
+        b.acquire(Millis(300), Acquire::Once).unwrap();
+        assert!(matches!(
+            drive(&mut b, &mut redis, 1, Millis(300))[..],
+            [Event::Acquired(_)]
+        ));
     }
 
     #[test]
