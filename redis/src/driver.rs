@@ -113,6 +113,7 @@ pub(crate) fn new(
         answered: vec![None; routes.len()],
         warned: None,
         unanswered: None,
+        attempt_unknown: false,
         sleep: None,
         span,
     })))
@@ -174,6 +175,12 @@ impl Inline {
         let span = driver.span.clone();
         tokio::spawn(driver.run().instrument(span));
         Holder::Task(ops)
+    }
+
+    /// Did a request of the acquire go unanswered (so that it may have
+    /// written a hold this machine does not know of)?
+    pub(crate) fn attempt_unknown(&self) -> bool {
+        self.0.as_ref().is_some_and(|d| d.attempt_unknown)
     }
 
     /// A receiver of the hold's loss flag.
@@ -263,6 +270,9 @@ struct Driver {
     /// A request of the pending release or extend that got no reply: its
     /// outcome, and so the operation's, is unknown.
     unanswered: Option<String>,
+    /// A request of the acquire got no reply: it may have granted a hold
+    /// under this machine's token that the machine never learnt of.
+    attempt_unknown: bool,
     /// The timer, created at the first deadline.
     sleep: Option<Pin<Box<Sleep>>>,
     span: tracing::Span,
@@ -443,6 +453,7 @@ impl Driver {
                 self.unanswered = Some(failure.text.clone());
             }
             Pending::Acquire(_) => {
+                self.attempt_unknown = true;
                 if let Some(error) = failure.permanent {
                     // No retry can mend it: end the acquire now. The machine
                     // still gets its unknown outcome and winds down.
@@ -496,6 +507,15 @@ impl Driver {
         }
     }
 
+    /// `value`, unless a request of `operation` went unanswered: then its
+    /// outcome is unknown.
+    fn unless_unanswered<T>(&mut self, operation: Operation, value: T) -> Result<T, Error> {
+        match self.unanswered.take() {
+            Some(reason) => Err(Error::OutcomeUnknown { operation, reason }),
+            None => Ok(value),
+        }
+    }
+
     fn route(&mut self, event: Event) {
         tracing::debug!(event = event_name(&event), "event");
         let pending = std::mem::replace(&mut self.pending, Pending::None);
@@ -524,11 +544,16 @@ impl Driver {
                 drop(done.send(Ok(lease)));
             }
             (Event::Denied, Pending::Reenter(done)) => {
-                // The hold was found gone (`Lost` came first) or the
-                // node could not be reached.
-                let error = match self.denial() {
-                    Err(e) => e,
-                    Ok(_) => Error::Lost,
+                // No reply: the lock script may have run (the machine's last
+                // release then takes that level off as well). Otherwise the
+                // hold was found gone (`Lost` came first).
+                let error = match (self.unanswered.take(), self.denial()) {
+                    (Some(reason), _) => Error::OutcomeUnknown {
+                        operation: Operation::Reenter,
+                        reason,
+                    },
+                    (None, Err(e)) => e,
+                    (None, Ok(_)) => Error::Lost,
                 };
                 drop(done.send(Err(error)));
             }
@@ -540,13 +565,7 @@ impl Driver {
                 }
                 // The machine counts a release without a reply as "gone";
                 // the caller is told the truth: nobody knows.
-                let result = match self.unanswered.take() {
-                    Some(reason) => Err(Error::OutcomeUnknown {
-                        operation: Operation::Release,
-                        reason,
-                    }),
-                    None => Ok(was_held),
-                };
+                let result = self.unless_unanswered(Operation::Release, was_held);
                 drop(done.send(result));
             }
             (Event::Released { .. }, Pending::Cleanup) => {}
@@ -562,14 +581,8 @@ impl Driver {
                 }
             }
             (Event::NotExtended, Pending::Extend(done)) => {
-                let error = match self.unanswered.take() {
-                    Some(reason) => Error::OutcomeUnknown {
-                        operation: Operation::Extend,
-                        reason,
-                    },
-                    None => Error::NotExtended,
-                };
-                drop(done.send(Err(error)));
+                let result = self.unless_unanswered(Operation::Extend, ());
+                drop(done.send(result.and(Err(Error::NotExtended))));
             }
             (Event::Lost, pending) => {
                 if let Some(cell) = &self.cell {
@@ -581,13 +594,7 @@ impl Driver {
                 match pending {
                     Pending::Extend(done) => drop(done.send(Err(Error::Lost))),
                     Pending::Release(done) => {
-                        let result = match self.unanswered.take() {
-                            Some(reason) => Err(Error::OutcomeUnknown {
-                                operation: Operation::Release,
-                                reason,
-                            }),
-                            None => Ok(false),
-                        };
+                        let result = self.unless_unanswered(Operation::Release, false);
                         drop(done.send(result));
                     }
                     other => self.pending = other,

@@ -61,7 +61,7 @@ pub enum Error {
     /// An extend did not go through; the old lease still stands.
     #[error("the extend did not go through; the old lease still stands")]
     NotExtended,
-    /// A release or extend got no reply (the server is stopped, the
+    /// A release, extend or reenter got no reply (the server is stopped, the
     /// connection dropped, the request timed out): whether Redis applied it
     /// is unknown. After an unknown release the hold may still stand on the
     /// server until its TTL ends it; after an unknown extend the old lease
@@ -83,6 +83,12 @@ pub enum Error {
     /// helps.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The servers are not the deployment the [`Nodes`](crate::Nodes) say
+    /// they are: a Cluster seed with cluster support disabled, a Sentinel
+    /// that is a plain server or does not know the master's name. No retry
+    /// helps.
+    #[error("not the deployment the nodes describe: {0}")]
+    Topology(String),
     /// RedLock: too few masters answered to reach a quorum, so "taken" could
     /// not be told from "unreachable".
     #[error("{answered} of {nodes} masters answered, {quorum} needed: {reason}")]
@@ -146,6 +152,12 @@ pub enum OptionsError {
         /// The protocol asked for.
         protocol: ProtocolId,
     },
+    /// [`Nodes::sentinel`](crate::Nodes::sentinel) was given no Sentinel.
+    #[error("a Sentinel group needs at least one Sentinel")]
+    NoSentinels,
+    /// [`Nodes::cluster`](crate::Nodes::cluster) was given no seed node.
+    #[error("a Cluster needs at least one seed node")]
+    NoSeeds,
     /// `auto_renew` was asked of a protocol that never renews (only
     /// `reentrant`, `fenced` and `lease-semaphore` do).
     #[error("{protocol} does not renew; auto_renew is for reentrant, fenced and lease-semaphore")]
@@ -191,6 +203,10 @@ pub enum Operation {
     Release,
     /// [`LockGuard::extend`](crate::LockGuard::extend).
     Extend,
+    /// [`LockGuard::reenter`](crate::LockGuard::reenter): the level may have
+    /// been taken on the server without being counted here; the last
+    /// release takes it off too.
+    Reenter,
 }
 
 impl std::fmt::Display for Operation {
@@ -198,6 +214,7 @@ impl std::fmt::Display for Operation {
         f.write_str(match self {
             Operation::Release => "release",
             Operation::Extend => "extend",
+            Operation::Reenter => "reenter",
         })
     }
 }

@@ -8,6 +8,7 @@ use crate::lease_cell::{LeaseCell, Phase};
 use crate::notices::Notices;
 use crate::token::{seed, token_and_seed};
 use crate::{Error, LimitError, OptionsError};
+use lockwright_core::keyspace::script::release_args;
 use lockwright_core::keyspace::{Command, Reply, Script};
 use lockwright_core::{Config, Fence, Kind, Lease, Machine, ProtocolId, Token, UsageError};
 use std::fmt;
@@ -16,6 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
+
+/// At most this many unlock scripts clean up after a reentrant acquire that
+/// ended without a hold. Each unanswered lock script may have added one to
+/// our count; past this bound the TTL removes the rest.
+const UNDO_ROUNDS: usize = 8;
 
 /// How a [`Lock`] or [`Semaphore`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -242,7 +248,15 @@ impl Shared {
             keys,
         };
         let notices = match (options.notify, nodes.hub(0)) {
-            (true, Some(hub)) => Some(Notices::new(hub, &redis_key(&settings, &config.key()))),
+            (true, Some(hub)) => {
+                // The key the release script removes from, and publishes on.
+                let released = match options.protocol {
+                    ProtocolId::LeaseSemaphore => config.key_with("permits"),
+                    _ => config.key(),
+                };
+                let channel = format!("{}:released", redis_key(&settings, &released));
+                Some(Notices::new(hub, channel))
+            }
             _ => None,
         };
         Ok(Shared {
@@ -419,13 +433,11 @@ impl Shared {
             let mut driver = driver::new(machine, &self.routes, &self.settings, span.clone());
             let (done, mut result) = oneshot::channel();
             driver.apply(Op::Acquire { how, done });
-            let granted = match driver.drive(&mut result).await.ok_or(Error::DriverGone)? {
-                Err(Error::Redis(text)) => {
-                    self.undo_partial_grant(&token_copy).await;
-                    return Err(Error::Redis(text));
-                }
-                other => other?,
-            };
+            let outcome = driver.drive(&mut result).await.ok_or(Error::DriverGone)?;
+            if !matches!(outcome, Ok(Some(_))) && driver.attempt_unknown() {
+                self.undo_unknown_attempt(&token_copy).await;
+            }
+            let granted = outcome?;
             Ok(match granted {
                 Some(g) => Some(LockGuard {
                     protocol: self.protocol,
@@ -443,36 +455,65 @@ impl Shared {
         .await
     }
 
-    /// The grant scripts of `fenced` and `lease-semaphore` write the hold
-    /// before they `INCR` the fence; when the `INCR` fails (the fence key
-    /// holds something else) the script stops with the hold written. Remove
-    /// it with our own token, as a release would.
-    async fn undo_partial_grant(&self, token: &Token) {
-        let command = match self.protocol {
-            ProtocolId::Fenced => Command::Eval {
-                script: Script::CompareAndDelete,
-                keys: vec![self.config.key()],
-                args: vec![token.0.clone()],
-            },
-            ProtocolId::LeaseSemaphore => Command::Eval {
-                script: Script::LeaseRelease,
-                keys: vec![self.config.key_with("permits")],
-                args: vec![token.0.clone()],
-            },
+    /// An acquire that ends without a hold after a request of it got no
+    /// reply: that request may have run and written a hold under our token,
+    /// which nobody would release (under `setnx-del`, which sets no TTL,
+    /// ever). Remove it with our token, as a release would; best effort, in
+    /// the same request timeout, and a request of the attempt that runs
+    /// after this one still leaves its hold to its TTL. RedLock and the
+    /// semaphores undo such attempts in their machines; `setnx-getset`
+    /// stores a timestamp, not an owner, so nothing can tell its hold from
+    /// another's.
+    async fn undo_unknown_attempt(&self, token: &Token) {
+        let notify = self.config.notify_releases;
+        let (command, rounds) = match self.protocol {
+            ProtocolId::SetPxLua
+            | ProtocolId::SetPxGetDel
+            | ProtocolId::SetPxWatch
+            | ProtocolId::Fenced
+            | ProtocolId::SetnxDel
+            | ProtocolId::SetnxExpire => (
+                Command::Eval {
+                    script: Script::CompareAndDelete,
+                    keys: vec![self.config.key()],
+                    args: release_args(vec![token.0.clone()], notify),
+                },
+                1,
+            ),
+            // Each unanswered lock script may have added one to our count.
+            ProtocolId::Reentrant => (
+                Command::Eval {
+                    script: Script::ReentrantUnlock,
+                    keys: vec![self.config.key()],
+                    args: release_args(
+                        vec![self.config.ttl_ms.to_string(), token.0.clone()],
+                        notify,
+                    ),
+                },
+                UNDO_ROUNDS,
+            ),
             _ => return,
         };
         let command = self.redis_command(command);
         for route in &self.routes {
-            match route
-                .run_once(command.clone(), self.settings.request_timeout)
-                .await
-            {
-                Ok(Reply::Int(1)) => tracing::debug!("undid a grant whose fence failed"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    problem = %e.text,
-                    "could not undo a grant whose fence failed; its TTL ends it"
-                ),
+            for _ in 0..rounds {
+                match route
+                    .run_once(command.clone(), self.settings.request_timeout)
+                    .await
+                {
+                    // More of our count left (reentrant): once more.
+                    Ok(Reply::Int(0)) if rounds > 1 => continue,
+                    Ok(Reply::Int(_)) => {
+                        tracing::info!("removed a hold an unanswered acquire request had written");
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(
+                        problem = %e.text,
+                        "could not check for a hold left by an unanswered acquire request; \
+                         its TTL ends it"
+                    ),
+                }
+                break;
             }
         }
     }
@@ -907,7 +948,10 @@ impl LockGuard {
     ///
     /// [`Error::Usage`] (`AlreadyHeld`) for the other protocols, (`NotHeld`)
     /// after [`leave`](LockGuard::leave) brought the count to zero;
-    /// [`Error::Lost`] when the hold turned out to be gone.
+    /// [`Error::Lost`] when the hold turned out to be gone;
+    /// [`Error::OutcomeUnknown`] when the lock script got no reply: the level
+    /// is not counted here but may stand on the server, and the last
+    /// release (or [`leave`](LockGuard::leave) to zero) takes it off too.
     pub async fn reenter(&mut self) -> Result<u32, Error> {
         if self.protocol != ProtocolId::Reentrant {
             return Err(Error::Usage(UsageError::AlreadyHeld));

@@ -391,3 +391,121 @@ pub async fn try_raw<T: redis::FromRedisValue>(
 ) -> Result<T, String> {
     cmd.query_async(conn).await.map_err(|e| e.to_string())
 }
+
+/// A TCP relay on a loopback port in front of a server that loses the
+/// replies of chosen connections: once a connection has sent a request
+/// containing the armed needle, the server still receives and runs
+/// everything that connection sends, but nothing it answers on that
+/// connection comes back. Other connections pass untouched. The relay's
+/// tasks end with the runtime that started it.
+#[derive(Debug)]
+pub struct ReplyLoss {
+    port: u16,
+    needle: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+}
+
+impl ReplyLoss {
+    /// Listen on a free loopback port and relay to `upstream_port`.
+    pub async fn start(upstream_port: u16) -> ReplyLoss {
+        let listener = match tokio::net::TcpListener::bind(("127.0.0.1", 0)).await {
+            Ok(l) => l,
+            Err(e) => panic!("relay: cannot bind a loopback port: {e}"),
+        };
+        let port = match listener.local_addr() {
+            Ok(a) => a.port(),
+            Err(e) => panic!("relay: {e}"),
+        };
+        let needle = std::sync::Arc::new(std::sync::Mutex::new(None::<Vec<u8>>));
+        let armed = needle.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
+                else {
+                    continue;
+                };
+                tokio::spawn(relay_one(client, server, armed.clone()));
+            }
+        });
+        ReplyLoss { port, needle }
+    }
+
+    /// From now on, a connection that sends `needle` loses every reply.
+    pub fn arm(&self, needle: &str) {
+        if let Ok(mut n) = self.needle.lock() {
+            *n = Some(needle.as_bytes().to_vec());
+        }
+    }
+
+    /// A client of the server through the relay.
+    pub fn client(&self) -> redis::Client {
+        match redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)) {
+            Ok(c) => c,
+            Err(e) => panic!("relay client: {e}"),
+        }
+    }
+}
+
+async fn relay_one(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    needle: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let lossy = std::sync::Arc::new(AtomicBool::new(false));
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let marks = lossy.clone();
+    let up = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = client_read.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let chunk = &buf[..n];
+            let hit = needle.lock().ok().and_then(|n| n.clone()).is_some_and(|n| {
+                !n.is_empty() && chunk.windows(n.len()).any(|w| w == n.as_slice())
+            });
+            if hit {
+                marks.store(true, Ordering::SeqCst);
+            }
+            if server_write.write_all(chunk).await.is_err() {
+                break;
+            }
+        }
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = server_read.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            if lossy.load(Ordering::SeqCst) {
+                continue;
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::join!(up, down);
+}
+
+/// A hang guard, not a speed check: an acquire that "waits forever" fails
+/// the test instead of hanging it.
+pub const HANG: Duration = Duration::from_secs(60);
+
+/// The error an acquire that must fail ends with; a grant, or a wait past
+/// [`HANG`], fails the test (named by `what`).
+pub async fn acquire_error(
+    what: &str,
+    acquire: impl std::future::Future<
+        Output = Result<lockwright_redis::LockGuard, lockwright_redis::Error>,
+    >,
+) -> lockwright_redis::Error {
+    match tokio::time::timeout(HANG, acquire).await {
+        Ok(Err(e)) => e,
+        Ok(Ok(guard)) => panic!("{what}: granted, expected an error: {guard:?}"),
+        Err(_) => panic!("{what}: still waiting after {HANG:?}"),
+    }
+}

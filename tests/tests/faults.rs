@@ -10,7 +10,7 @@
 
 use lockwright_core::ProtocolId;
 use lockwright_redis::{Error, Lock, LockOptions, Operation, Semaphore};
-use lockwright_tests::{closed_port, raw, redis_or_skip, RedisServer};
+use lockwright_tests::{acquire_error, closed_port, raw, redis_or_skip, RedisServer, ReplyLoss};
 use std::time::Duration;
 
 fn options(protocol: ProtocolId) -> LockOptions {
@@ -20,10 +20,6 @@ fn options(protocol: ProtocolId) -> LockOptions {
         ..LockOptions::new(protocol, Duration::from_secs(10))
     }
 }
-
-/// A hang guard, not a speed check: an acquire that "waits forever" fails
-/// the test instead of hanging it.
-const HANG: Duration = Duration::from_secs(60);
 
 fn client(url: &str) -> redis::Client {
     match redis::Client::open(url) {
@@ -127,6 +123,94 @@ async fn an_extend_to_a_stopped_server_is_unknown_and_the_old_lease_stands() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reenter_without_a_reply_is_unknown_and_the_release_takes_its_level_off() {
+    let Some(redis) = redis_or_skip("reenter to a stopped server") else {
+        return;
+    };
+    let lock = Lock::new([redis.client()], "again", options(ProtocolId::Reentrant)).unwrap();
+    let mut guard = lock.try_acquire().await.unwrap().expect("granted");
+    redis.pause();
+    let reentered = guard.reenter().await;
+    redis.resume();
+    match reentered {
+        Err(Error::OutcomeUnknown {
+            operation: Operation::Reenter,
+            ..
+        }) => {}
+        other => panic!("expected an unknown outcome, got {other:?}"),
+    }
+    assert_eq!(guard.hold_count(), 1, "the unknown level is not counted");
+    // The stopped server ran the lock script once it was resumed.
+    let mut conn = redis.conn().await;
+    let counts: Vec<String> = raw(&mut conn, redis::cmd("HVALS").arg("{again}")).await;
+    assert_eq!(counts, ["2"], "the level was taken on the server");
+    // One release takes off our level and the unknown one.
+    assert_eq!(guard.release().await, Ok(true));
+    let exists: i64 = raw(&mut conn, redis::cmd("EXISTS").arg("{again}")).await;
+    assert_eq!(exists, 0, "no count outlives the hold");
+}
+
+/// How often Redis ran `command` (scripts' inner calls included).
+async fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let mut conn = redis.conn().await;
+    let info: String = raw(&mut conn, redis::cmd("INFO").arg("commandstats")).await;
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_grant_ran_without_a_reply_leaves_no_hold() {
+    let Some(redis) = redis_or_skip("acquire with a lost reply") else {
+        return;
+    };
+    let relay = ReplyLoss::start(redis.port()).await;
+    // Loaded beforehand: an `EVALSHA` whose `NOSCRIPT` answer is lost would
+    // never fall back to `EVAL`.
+    let mut conn = redis.conn().await;
+    for script in lockwright_core::keyspace::Script::ALL {
+        let _: String = raw(
+            &mut conn,
+            redis::cmd("SCRIPT").arg("LOAD").arg(script.lua()),
+        )
+        .await;
+    }
+    // The grant command of each protocol, as Redis counts it.
+    for (protocol, grant) in [
+        (ProtocolId::SetPxLua, "set"),
+        (ProtocolId::SetPxGetDel, "set"),
+        (ProtocolId::Fenced, "incr"),
+        (ProtocolId::SetnxDel, "setnx"),
+        (ProtocolId::SetnxExpire, "setnx"),
+        (ProtocolId::Reentrant, "hincrby"),
+    ] {
+        let name = format!("orphan-{protocol}");
+        let key = format!("{{{name}}}");
+        let lock = Lock::new([relay.client()], &name, options(protocol)).unwrap();
+        let before = calls(&redis, grant).await;
+        // Every reply on the connection that sends the grant is lost; the
+        // clean-up goes out on a new connection.
+        relay.arm(&key);
+        let attempt = lock.try_acquire().await;
+        relay.arm("never sent: disarmed");
+        assert!(
+            matches!(attempt, Err(Error::Unavailable(_))),
+            "{protocol}: {attempt:?}"
+        );
+        assert!(
+            calls(&redis, grant).await > before,
+            "{protocol}: the grant ran on the server"
+        );
+        let mut conn = redis.conn().await;
+        let exists: i64 = raw(&mut conn, redis::cmd("EXISTS").arg(&key)).await;
+        assert_eq!(exists, 0, "{protocol}: the unanswered grant was undone");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_ends_acquire_at_once() {
     let Some(redis) = RedisServer::start_with(&["--requirepass", "right-pw"])
         .map(Some)
@@ -145,9 +229,8 @@ async fn a_wrong_password_ends_acquire_at_once() {
     let url = format!("redis://:wrong-pw@127.0.0.1:{}/", redis.port());
     for protocol in [ProtocolId::SetPxLua, ProtocolId::SetPxWatch] {
         let lock = Lock::new([client(&url)], "auth", options(protocol)).unwrap();
-        let result = tokio::time::timeout(HANG, lock.acquire()).await;
-        match result {
-            Ok(Err(Error::Auth(text))) => assert!(!text.contains("wrong-pw"), "{text}"),
+        match acquire_error("wrong password", lock.acquire()).await {
+            Error::Auth(text) => assert!(!text.contains("wrong-pw"), "{text}"),
             other => panic!("{protocol}: expected an authentication error, got {other:?}"),
         }
     }
@@ -164,8 +247,8 @@ async fn an_unknown_host_ends_acquire_at_once() {
         options(ProtocolId::SetPxLua),
     )
     .unwrap();
-    match tokio::time::timeout(HANG, lock.acquire()).await {
-        Ok(Err(Error::UnknownHost(text))) => assert!(text.contains("no-such-node.invalid")),
+    match acquire_error("unknown host", lock.acquire()).await {
+        Error::UnknownHost(text) => assert!(text.contains("no-such-node.invalid")),
         other => panic!("expected an unknown host error, got {other:?}"),
     }
 }
@@ -242,8 +325,8 @@ async fn every_lock_protocol_surfaces_wrongtype() {
             Err(e) if e.is_wrong_type() => {}
             other => panic!("{protocol}: try_acquire: expected WRONGTYPE, got {other:?}"),
         }
-        match tokio::time::timeout(HANG, lock.acquire()).await {
-            Ok(Err(e)) if e.is_wrong_type() => {}
+        match acquire_error("wrong type", lock.acquire()).await {
+            e if e.is_wrong_type() => {}
             other => panic!("{protocol}: acquire: expected WRONGTYPE, got {other:?}"),
         }
         // Waiting for release notices does not hide it either.
@@ -252,8 +335,8 @@ async fn every_lock_protocol_surfaces_wrongtype() {
             ..options(protocol)
         };
         let lock = Lock::new([redis.client()], "typed", notified).unwrap();
-        match tokio::time::timeout(HANG, lock.acquire()).await {
-            Ok(Err(e)) if e.is_wrong_type() => {}
+        match acquire_error("wrong type, notified", lock.acquire()).await {
+            e if e.is_wrong_type() => {}
             other => panic!("{protocol}: notified acquire: expected WRONGTYPE, got {other:?}"),
         }
     }
@@ -283,8 +366,8 @@ async fn every_semaphore_protocol_surfaces_wrongtype() {
             },
         )
         .unwrap();
-        match tokio::time::timeout(HANG, sem.acquire()).await {
-            Ok(Err(e)) if e.is_wrong_type() => {}
+        match acquire_error("wrong type", sem.acquire()).await {
+            e if e.is_wrong_type() => {}
             other => panic!("{protocol}: expected WRONGTYPE, got {other:?}"),
         }
     }
@@ -351,8 +434,8 @@ async fn a_server_that_does_not_speak_redis_ends_acquire_at_once() {
     });
     let url = format!("redis://127.0.0.1:{port}/");
     let lock = Lock::new([client(&url)], "garbled", options(ProtocolId::SetPxLua)).unwrap();
-    match tokio::time::timeout(HANG, lock.acquire()).await {
-        Ok(Err(Error::Protocol(_))) => {}
+    match acquire_error("not redis", lock.acquire()).await {
+        Error::Protocol(_) => {}
         other => panic!("expected a protocol error, got {other:?}"),
     }
 }
