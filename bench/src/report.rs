@@ -734,11 +734,11 @@ impl Report {
              attempt, and one below the floor of wake-on-release.",
         );
         if let Some(w) = find("wake-on-release") {
-            let subscribes = w.commands.get("psubscribe").copied().unwrap_or(0);
+            let subscribes = w.commands.get("subscribe").copied().unwrap_or(0);
             let sets = per_acq(w, "set");
             let _ = write!(
                 text,
-                " Wake-on-release keeps one pattern subscription per `Lock` ({}), lines its \
+                " Wake-on-release keeps one channel subscription per `Lock` ({}), lines its \
                  waiters up first come first served and wakes only the first in line per release \
                  notice, which tries once (`SET NX PX`); there is no `PTTL` probe and no connection \
                  per acquire, and a waiter that hears nothing retries after min(TTL, 2 s) jittered \
@@ -746,9 +746,9 @@ impl Report {
                  {sets:.2} SET per acquisition ({}), handoff p50 {} ms (to another waiter {} ms), \
                  {:.0} % of acquisitions by the task that had just released.",
                 if subscribes == 0 {
-                    "made before the window, so no PSUBSCRIBE is counted in it".to_owned()
+                    "made before the window, so no SUBSCRIBE is counted in it".to_owned()
                 } else {
-                    format!("PSUBSCRIBE {subscribes} time(s) in the window")
+                    format!("SUBSCRIBE {subscribes} time(s) in the window")
                 },
                 w.commands_per_acquisition,
                 if sets <= 1.005 {

@@ -8,7 +8,7 @@
 use crate::clock::clock;
 use crate::conn::{Finished, Io, Route, SharedConn};
 use crate::token::{owner_token, seed};
-use crate::Error;
+use crate::{Error, OptionsError};
 use lockwright_core::stampede::{StampedeEvent, StampedeGuard};
 use lockwright_core::{Config, ProtocolId};
 use std::fmt;
@@ -28,7 +28,8 @@ pub struct CacheOptions {
     pub cache_ttl: Duration,
     /// How often waiters re-read the cache.
     pub reread: Duration,
-    /// How long the driver waits for one reply.
+    /// How long the driver waits for one reply; shorter than
+    /// `load_timeout` ([`OptionsError::RequestTimeoutNotBelowTtl`]).
     pub request_timeout: Duration,
 }
 
@@ -95,6 +96,14 @@ impl Cache {
         let cache_ttl_ms = millis(options.cache_ttl);
         // Validate once.
         StampedeGuard::new(&config, cache_ttl_ms, lockwright_core::Token("v".into()))?;
+        if options.request_timeout >= options.load_timeout {
+            // A load lock's grant could arrive after its lease ended.
+            return Err(OptionsError::RequestTimeoutNotBelowTtl {
+                request_timeout: options.request_timeout,
+                ttl: options.load_timeout,
+            }
+            .into());
+        }
         let request_timeout = options.request_timeout.max(Duration::from_millis(1));
         Ok(Cache {
             route: Route::Shared(Arc::new(SharedConn::new(client, request_timeout))),

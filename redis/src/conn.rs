@@ -31,7 +31,7 @@ use crate::keys::KeyMap;
 use crate::notices::Hub;
 use crate::source::{SentinelGroup, Source};
 use crate::wire;
-use crate::Error;
+use crate::{Error, OptionsError};
 use futures_util::future::BoxFuture;
 use lockwright_core::keyspace::Reply;
 use lockwright_core::{Outcome, Request, RequestId};
@@ -284,10 +284,22 @@ impl Failure {
 /// back).
 pub(crate) fn classify(e: &RedisError) -> Failure {
     let text = e.to_string();
+    // A Cluster connection wraps its nodes' errors: their kinds and codes
+    // survive only in the text.
+    let says = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
     let permanent = if e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || says(&["WRONGPASS", "NOAUTH", "NOPERM", "AuthenticationFailed"])
     {
         Some(Error::Auth(text.clone()))
+    } else if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
+        || says(&[
+            "cluster support disabled",
+            "unknown command 'SENTINEL'",
+            "unknown command `SENTINEL`",
+        ])
+    {
+        Some(Error::Topology(text.clone()))
     } else if e.kind() == redis::ErrorKind::Client && text.contains(UNKNOWN_HOST) {
         Some(Error::UnknownHost(
             e.detail().map_or_else(|| text.clone(), str::to_owned),
@@ -368,6 +380,10 @@ impl Nodes {
     /// reconnects; a hold whose key the new master does not have is then
     /// reported lost by its next renewal or extend.
     ///
+    /// [`OptionsError::NoSentinels`] when `sentinels` is empty. A Sentinel
+    /// list in which every answer is "not a Sentinel" or "no such master"
+    /// ends acquires at once with [`Error::Topology`].
+    ///
     /// ```no_run
     /// use lockwright_redis::{redis, Lock, LockOptions, Nodes, ProtocolId};
     /// use std::time::Duration;
@@ -376,7 +392,7 @@ impl Nodes {
     /// let sentinels = ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"]
     ///     .map(|url| redis::Client::open(url).expect("a valid URL"));
     /// let master = redis::Client::open("redis://:secret@master/").expect("a valid URL");
-    /// let nodes = Nodes::sentinel(sentinels, "mymaster", master, Duration::from_secs(1));
+    /// let nodes = Nodes::sentinel(sentinels, "mymaster", master, Duration::from_secs(1))?;
     /// let lock = Lock::on(&nodes, "invoices", LockOptions::new(ProtocolId::Fenced, Duration::from_secs(5)))?;
     /// let guard = lock.acquire().await?;
     /// guard.release().await?;
@@ -387,19 +403,22 @@ impl Nodes {
         master_name: impl Into<String>,
         master: redis::Client,
         connect_timeout: Duration,
-    ) -> Nodes {
+    ) -> Result<Nodes, Error> {
         let group = SentinelGroup {
             sentinels: sentinels.into_iter().collect(),
             master_name: master_name.into(),
             template: master,
         };
+        if group.sentinels.is_empty() {
+            return Err(OptionsError::NoSentinels.into());
+        }
         let timeout = connect_timeout.max(Duration::from_millis(1));
-        Nodes {
+        Ok(Nodes {
             shared: Arc::from([Arc::new(SharedConn::from_source(
                 Source::Sentinel(Box::new(group)),
                 timeout,
             ))]),
-        }
+        })
     }
 
     /// One node that is a whole Redis Cluster, reached through `seeds` (any
@@ -435,7 +454,7 @@ impl Nodes {
     ) -> Result<Nodes, Error> {
         let seeds: Vec<redis::Client> = seeds.into_iter().collect();
         let Some(seed) = seeds.first().cloned() else {
-            return Err(Error::Unavailable("a cluster needs a seed node".into()));
+            return Err(OptionsError::NoSeeds.into());
         };
         let timeout = connect_timeout.max(Duration::from_millis(1));
         let client = redis::cluster::ClusterClient::builder(

@@ -29,7 +29,7 @@
 //!   `NOSCRIPT` fallback to `EVAL`, `MULTI … EXEC` as one pipeline, and turns
 //!   connection errors and timeouts into the core's unknown outcome.
 //! - Wake-on-release (`LockOptions::notify`): one pub/sub connection per
-//!   node of a `Nodes`, shared by all its locks (one pattern per lock with
+//!   node of a `Nodes`, shared by all its locks (one channel per lock with
 //!   waiters); each lock's waiters served in line, one attempt per release
 //!   notice, and a fallback retry no later than polling's.
 //! - Owner tokens are 128 bits from the OS CSPRNG. AUTH comes from the

@@ -4,7 +4,7 @@
 //! With `LockOptions::notify`, the release scripts publish a notice on
 //! `<key>:released`. Each node of a [`Nodes`] has one [`Hub`]: a single
 //! pub/sub connection, opened by the first waiting acquire of any lock on
-//! it, carrying one pattern subscription (`<key>*:released`) per lock that
+//! it, carrying one subscription to the channel `<key>:released` per lock that
 //! has waiters, dropped when the last lock on that key goes away. Every
 //! [`Lock`](crate::Lock) (and its clones) keeps a FIFO of its waiting
 //! acquires ([`Notices`]). A notice wakes the waiter at the head of the
@@ -46,13 +46,13 @@ struct HubState {
     generation: u64,
     /// Stops the reader of the live connection.
     stop: Option<oneshot::Sender<()>>,
-    /// Pattern → the locks listening to it, and whether it is subscribed
+    /// Channel → the locks listening to it, and whether it is subscribed
     /// on the live connection.
-    patterns: HashMap<String, Pattern>,
+    channels: HashMap<String, Channel>,
 }
 
 #[derive(Default)]
-struct Pattern {
+struct Channel {
     listeners: Vec<Weak<Notices>>,
     subscribed: bool,
 }
@@ -79,14 +79,14 @@ impl Hub {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Make sure `notices`' pattern is subscribed on a live connection
+    /// Make sure `notices`' channel is subscribed on a live connection
     /// (connecting if needed). Failures are logged, not returned: without
     /// notices the waiters still retry on their fallback.
     async fn listen(self: &Arc<Hub>, notices: &Arc<Notices>) {
-        let pattern = notices.pattern.clone();
+        let channel = notices.channel.clone();
         {
             let mut state = self.state();
-            let entry = state.patterns.entry(pattern.clone()).or_default();
+            let entry = state.channels.entry(channel.clone()).or_default();
             entry.listeners.retain(|w| w.strong_count() > 0);
             if !entry
                 .listeners
@@ -99,7 +99,7 @@ impl Hub {
                 return;
             }
         }
-        let result = tokio::time::timeout(self.timeout, self.subscribe(&pattern)).await;
+        let result = tokio::time::timeout(self.timeout, self.subscribe(&channel)).await;
         match result {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "release notices: subscribe failed"),
@@ -107,12 +107,12 @@ impl Hub {
         }
     }
 
-    async fn subscribe(self: &Arc<Hub>, pattern: &str) -> redis::RedisResult<()> {
+    async fn subscribe(self: &Arc<Hub>, channel: &str) -> redis::RedisResult<()> {
         let (mut sink, generation) = self.connect().await?;
-        sink.psubscribe(pattern).await?;
+        sink.subscribe(channel).await?;
         let mut state = self.state();
         if state.generation == generation {
-            if let Some(entry) = state.patterns.get_mut(pattern) {
+            if let Some(entry) = state.channels.get_mut(channel) {
                 entry.subscribed = true;
             }
         }
@@ -136,7 +136,7 @@ impl Hub {
             state.generation += 1;
             state.sink = Some(sink.clone());
             state.stop = Some(stop);
-            for entry in state.patterns.values_mut() {
+            for entry in state.channels.values_mut() {
                 entry.subscribed = false;
             }
             state.generation
@@ -149,10 +149,7 @@ impl Hub {
                     message = stream.next() => {
                         let Some(hub) = hub.upgrade() else { return };
                         match message {
-                            Some(message) => match message.get_pattern::<String>() {
-                                Ok(pattern) => hub.wake(&pattern),
-                                Err(_) => tracing::trace!("release notices: no pattern"),
-                            },
+                            Some(message) => hub.wake(message.get_channel_name()),
                             None => {
                                 hub.lost(generation);
                                 return;
@@ -171,16 +168,16 @@ impl Hub {
         state.sink.clone().map(|sink| (sink, state.generation))
     }
 
-    /// A notice on `pattern`: wake the first waiter of every lock on it.
-    fn wake(&self, pattern: &str) {
+    /// A notice on `channel`: wake the first waiter of every lock on it.
+    fn wake(&self, channel: &str) {
         let listeners: Vec<Arc<Notices>> = {
             let state = self.state();
-            let Some(entry) = state.patterns.get(pattern) else {
+            let Some(entry) = state.channels.get(channel) else {
                 return;
             };
             entry.listeners.iter().filter_map(Weak::upgrade).collect()
         };
-        tracing::trace!(pattern, "release notice");
+        tracing::trace!(channel, "release notice");
         for notices in listeners {
             notices.wake_first();
         }
@@ -198,7 +195,7 @@ impl Hub {
             state.sink = None;
             state.stop = None;
             state
-                .patterns
+                .channels
                 .values_mut()
                 .flat_map(|entry| {
                     entry.subscribed = false;
@@ -212,11 +209,11 @@ impl Hub {
         }
     }
 
-    /// A lock went away: drop its pattern once no lock listens to it.
-    fn forget(&self, pattern: &str) {
+    /// A lock went away: drop its channel once no lock listens to it.
+    fn forget(&self, channel: &str) {
         let sink = {
             let mut state = self.state();
-            let Some(entry) = state.patterns.get_mut(pattern) else {
+            let Some(entry) = state.channels.get_mut(channel) else {
                 return;
             };
             entry.listeners.retain(|w| w.strong_count() > 0);
@@ -224,25 +221,25 @@ impl Hub {
                 return;
             }
             let subscribed = entry.subscribed;
-            state.patterns.remove(pattern);
+            state.channels.remove(channel);
             if !subscribed {
                 return;
             }
             state.sink.clone()
         };
         if let (Some(mut sink), Ok(runtime)) = (sink, tokio::runtime::Handle::try_current()) {
-            let pattern = pattern.to_owned();
+            let channel = channel.to_owned();
             runtime.spawn(async move {
-                let _ = sink.punsubscribe(pattern).await;
+                let _ = sink.unsubscribe(channel).await;
             });
         }
     }
 
-    /// How many patterns are subscribed (for tests of the crate).
+    /// How many channels are subscribed (for tests of the crate).
     #[cfg(test)]
     fn subscribed(&self) -> usize {
         self.state()
-            .patterns
+            .channels
             .values()
             .filter(|p| p.subscribed)
             .count()
@@ -258,29 +255,18 @@ struct Line {
 /// waiters.
 pub(crate) struct Notices {
     hub: Arc<Hub>,
-    pattern: String,
+    channel: String,
     line: Mutex<Line>,
 }
 
-/// Escape the glob characters of a key for a `PSUBSCRIBE` pattern.
-fn glob_escape(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for c in key.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 impl Notices {
-    /// Notices of the lock whose key is `key`, through `hub` (the channels
-    /// `<key>*:released`: the lock key's, or a semaphore's permits key's).
-    pub(crate) fn new(hub: Arc<Hub>, key: &str) -> Arc<Notices> {
+    /// Notices published on `channel` (`<key>:released`, where `<key>` is
+    /// the key the release script removes from: the lock key, or a
+    /// semaphore's permits key), through `hub`.
+    pub(crate) fn new(hub: Arc<Hub>, channel: String) -> Arc<Notices> {
         Arc::new(Notices {
             hub,
-            pattern: format!("{}*:released", glob_escape(key)),
+            channel,
             line: Mutex::new(Line {
                 next_id: 0,
                 waiters: VecDeque::new(),
@@ -294,7 +280,7 @@ impl Notices {
 
     /// Join the line. The ticket tells whether anyone was ahead, and waits
     /// for this waiter's turn. Subscribes (at most the request timeout) if
-    /// the lock's pattern is not subscribed yet, so that no notice sent
+    /// the lock's channel is not subscribed yet, so that no notice sent
     /// after this returns is missed.
     pub(crate) async fn join(self: &Arc<Notices>) -> Ticket {
         let notify = Arc::new(Notify::new());
@@ -334,7 +320,7 @@ impl Notices {
 
 impl Drop for Notices {
     fn drop(&mut self) {
-        self.hub.forget(&self.pattern);
+        self.hub.forget(&self.channel);
     }
 }
 
@@ -385,12 +371,6 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn glob_characters_in_keys_are_escaped() {
-        assert_eq!(glob_escape("{a}"), "{a}");
-        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
-    }
 
     #[test]
     fn a_new_hub_subscribes_nothing() {

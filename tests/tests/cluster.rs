@@ -5,7 +5,9 @@
 
 use lockwright_core::ProtocolId;
 use lockwright_redis::{Error, Lock, LockOptions, Nodes, OptionsError, Semaphore};
-use lockwright_tests::{cluster_or_skip, raw, try_raw, Cluster, RedisServer};
+use lockwright_tests::{
+    acquire_error, cluster_or_skip, raw, redis_or_skip, try_raw, Cluster, RedisServer,
+};
 use std::time::Duration;
 
 fn options(protocol: ProtocolId) -> LockOptions {
@@ -177,17 +179,24 @@ async fn notified_waiters_subscribe_on_the_cluster_and_get_the_lock() {
     let guard = holder.try_acquire().await.unwrap().expect("granted");
     let waiter = Lock::on(&theirs, "notified", notified).unwrap();
     let waiting = tokio::spawn(async move { waiter.acquire().await });
-    // The waiter's pattern is subscribed on its seed node.
+    // The waiter's channel is subscribed on its seed node.
     let mut seed = cluster.nodes[2].conn().await;
-    let mut patterns = 0;
+    let mut subscribers = 0;
     for _ in 0..300 {
-        patterns = raw(&mut seed, redis::cmd("PUBSUB").arg("NUMPAT")).await;
-        if patterns > 0 {
+        let reply: (String, i64) = raw(
+            &mut seed,
+            redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("{notified}:released"),
+        )
+        .await;
+        subscribers = reply.1;
+        if subscribers > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(patterns, 1, "one pattern for the waiting lock");
+    assert_eq!(subscribers, 1, "one subscription for the waiting lock");
     assert_eq!(guard.release().await, Ok(true));
     let guard = tokio::time::timeout(Duration::from_secs(60), waiting)
         .await
@@ -195,4 +204,38 @@ async fn notified_waiters_subscribe_on_the_cluster_and_get_the_lock() {
         .expect("task")
         .expect("acquired");
     assert_eq!(guard.release().await, Ok(true));
+}
+
+fn wrong_set_up(nodes: &Nodes) -> Lock {
+    Lock::on(nodes, "wrong-set-up", options(ProtocolId::SetPxLua)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_cluster_set_up_is_an_error_not_a_wait() {
+    let Some(plain) = redis_or_skip("cluster set-up errors") else {
+        return;
+    };
+    let t = Duration::from_millis(500);
+    assert_eq!(
+        Nodes::cluster(Vec::<redis::Client>::new(), t).err(),
+        Some(Error::Options(OptionsError::NoSeeds))
+    );
+    // A seed with cluster support disabled.
+    let nodes = Nodes::cluster([plain.client()], t).unwrap();
+    match acquire_error("no cluster", wrong_set_up(&nodes).acquire()).await {
+        Error::Topology(text) => assert!(text.contains("cluster support disabled"), "{text}"),
+        other => panic!("a seed that is no cluster node: {other:?}"),
+    }
+    // A seed that refuses our password.
+    let guarded = match RedisServer::start_with(&["--requirepass", "right-pw"]) {
+        Ok(server) => server,
+        Err(e) => panic!("redis-server with a password: {e}"),
+    };
+    let wrong =
+        redis::Client::open(format!("redis://:wrong-pw@127.0.0.1:{}/", guarded.port())).unwrap();
+    let nodes = Nodes::cluster([wrong], t).unwrap();
+    match acquire_error("wrong password", wrong_set_up(&nodes).acquire()).await {
+        Error::Auth(_) => {}
+        other => panic!("a wrong password: {other:?}"),
+    }
 }

@@ -162,16 +162,21 @@ async fn two_hundred_notified_locks_share_one_pubsub_connection() {
         let lock = Lock::on(&waiters, name, options(true)).unwrap();
         waiting.push(tokio::spawn(async move { lock.acquire().await }));
     }
-    // Every waiter subscribed (one pattern per lock) before we count.
-    let mut patterns = 0;
+    // Every waiter subscribed (one channel per lock) before we count.
+    let mut channels = 0;
     for _ in 0..200 {
-        patterns = raw(&mut admin, redis::cmd("PUBSUB").arg("NUMPAT")).await;
-        if patterns == LOCKS {
+        let names: Vec<String> = raw(
+            &mut admin,
+            redis::cmd("PUBSUB").arg("CHANNELS").arg("*:released"),
+        )
+        .await;
+        channels = names.len();
+        if channels == LOCKS {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(patterns, LOCKS, "one pattern per waiting lock");
+    assert_eq!(channels, LOCKS, "one channel per waiting lock");
     // admin + the holders' shared connection + the waiters' shared
     // connection + the waiters' one pub/sub connection.
     assert_eq!(connected_clients(&mut admin).await, 4);
@@ -184,6 +189,71 @@ async fn two_hundred_notified_locks_share_one_pubsub_connection() {
             .expect("every waiter gets its lock")
             .expect("task")
             .expect("acquired");
+        assert_eq!(guard.release().await, Ok(true));
+    }
+}
+
+async fn subscribers(admin: &mut redis::aio::MultiplexedConnection, channel: &str) -> i64 {
+    let reply: (String, i64) = raw(admin, redis::cmd("PUBSUB").arg("NUMSUB").arg(channel)).await;
+    reply.1
+}
+
+/// With `exact_key`, a waiter listens on exactly its key's channel (no
+/// pattern that would also match `<name>-other:released`), for a lock and
+/// for a leased semaphore (whose release publishes on its permits key), and
+/// is woken by the release, not its fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_key_waiters_listen_on_their_own_channel_and_wake_on_release() {
+    let Some(redis) = redis_or_skip("notify with exact keys") else {
+        return;
+    };
+    let mut admin = redis.conn().await;
+    let nodes = Nodes::new([redis.client()]);
+    for (protocol, name, channel) in [
+        (ProtocolId::SetPxLua, "order1", "order1:released"),
+        (ProtocolId::LeaseSemaphore, "pool", "pool:permits:released"),
+    ] {
+        let options = LockOptions {
+            exact_key: true,
+            auto_renew: false,
+            ..options(true)
+        };
+        let options = LockOptions {
+            protocol,
+            ..options
+        };
+        let (holder, waiter) = match protocol {
+            ProtocolId::SetPxLua => {
+                let lock = Lock::on(&nodes, name, options).unwrap();
+                let holder = lock.try_acquire().await.unwrap().expect("granted");
+                (holder, tokio::spawn(async move { lock.acquire().await }))
+            }
+            _ => {
+                let semaphore = lockwright_redis::Semaphore::on(&nodes, name, options).unwrap();
+                let holder = semaphore.try_acquire().await.unwrap().expect("granted");
+                (
+                    holder,
+                    tokio::spawn(async move { semaphore.acquire().await }),
+                )
+            }
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "{protocol}: excluded while held");
+        assert_eq!(subscribers(&mut admin, channel).await, 1, "{protocol}");
+        let patterns: i64 = raw(&mut admin, redis::cmd("PUBSUB").arg("NUMPAT")).await;
+        assert_eq!(patterns, 0, "{protocol}: no pattern subscription");
+        let released_at = Instant::now();
+        assert_eq!(holder.release().await, Ok(true));
+        let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter gets in")
+            .expect("task")
+            .expect("acquired");
+        let delay = released_at.elapsed();
+        assert!(
+            delay < Duration::from_secs(4),
+            "{protocol}: woken by the notice, not the 5-10 s fallback: {delay:?}"
+        );
         assert_eq!(guard.release().await, Ok(true));
     }
 }

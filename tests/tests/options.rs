@@ -119,3 +119,19 @@ async fn cache_values_live_in_the_cache_namespace() {
     let ours: String = raw(&mut conn, redis::cmd("GET").arg("prices:sku-9")).await;
     assert_eq!(ours, "ours");
 }
+
+#[test]
+fn a_cache_refuses_a_request_timeout_not_below_its_load_timeout() {
+    let options = CacheOptions {
+        load_timeout: Duration::from_millis(500),
+        request_timeout: Duration::from_millis(500),
+        ..CacheOptions::default()
+    };
+    assert_eq!(
+        Cache::new(client(), "prices", options).err(),
+        Some(Error::Options(OptionsError::RequestTimeoutNotBelowTtl {
+            request_timeout: Duration::from_millis(500),
+            ttl: Duration::from_millis(500),
+        }))
+    );
+}

@@ -4,8 +4,8 @@
 //! not have is reported lost.
 
 use lockwright_core::ProtocolId;
-use lockwright_redis::{Lock, LockOptions, Nodes};
-use lockwright_tests::{raw, redis_or_skip, RedisServer};
+use lockwright_redis::{Error, Lock, LockOptions, Nodes, OptionsError};
+use lockwright_tests::{acquire_error, raw, redis_or_skip, RedisServer};
 use std::time::Duration;
 
 const GROUP: &str = "lockwright-group";
@@ -87,7 +87,8 @@ async fn a_lock_follows_a_sentinel_failover_and_reports_a_vanished_grant_lost() 
         GROUP,
         redis::Client::open("redis://127.0.0.1/").unwrap(),
         Duration::from_millis(500),
-    );
+    )
+    .unwrap();
     assert!(format!("{nodes:?}").contains(GROUP));
     let options = LockOptions {
         request_timeout: Duration::from_millis(300),
@@ -135,4 +136,37 @@ async fn a_lock_follows_a_sentinel_failover_and_reports_a_vanished_grant_lost() 
     let on_new: i64 = raw(&mut promoted, redis::cmd("EXISTS").arg("{orders}")).await;
     assert_eq!(on_new, 1, "granted on the new master");
     assert_eq!(guard.release().await, Ok(true));
+}
+
+fn wrong_set_up(nodes: &Nodes) -> Lock {
+    let options = LockOptions {
+        request_timeout: Duration::from_millis(300),
+        ..LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(3))
+    };
+    Lock::on(nodes, "wrong-set-up", options).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_sentinel_set_up_is_an_error_not_a_wait() {
+    let Some(plain) = redis_or_skip("sentinel set-up errors") else {
+        return;
+    };
+    let t = Duration::from_millis(500);
+    assert_eq!(
+        Nodes::sentinel([], GROUP, plain.client(), t).err(),
+        Some(Error::Options(OptionsError::NoSentinels))
+    );
+    // A plain server where a Sentinel should be.
+    let nodes = Nodes::sentinel([plain.client()], GROUP, plain.client(), t).unwrap();
+    match acquire_error("not a sentinel", wrong_set_up(&nodes).acquire()).await {
+        Error::Topology(text) => assert!(text.contains("SENTINEL"), "{text}"),
+        other => panic!("a plain server as Sentinel: {other:?}"),
+    }
+    // A Sentinel that does not know the group's name.
+    let sentinel = started("sentinel", RedisServer::start_sentinel(plain.port(), GROUP));
+    let nodes = Nodes::sentinel([sentinel.client()], "no-such-group", plain.client(), t).unwrap();
+    match acquire_error("unknown master", wrong_set_up(&nodes).acquire()).await {
+        Error::Topology(_) => {}
+        other => panic!("an unknown master name: {other:?}"),
+    }
 }
