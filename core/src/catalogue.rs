@@ -250,6 +250,32 @@ impl ProtocolId {
     }
 }
 
+/// Which clock a protocol's `now` must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClockUse {
+    /// Each client's own monotonic clock: `now` is compared only with this
+    /// machine's earlier readings (leases, timers, retries).
+    Local,
+    /// A clock all clients share (Unix time in milliseconds): the protocol
+    /// writes `now` to Redis and other clients compare it with theirs
+    /// (`setnx-getset`'s expiry timestamps, the client-time scores of the
+    /// ZSET semaphores). Skew between clients is the `client-skew` fault.
+    Shared,
+}
+
+impl ProtocolId {
+    /// Which clock `now` must be for this protocol.
+    pub fn clock(self) -> ClockUse {
+        match self {
+            ProtocolId::SetnxGetset
+            | ProtocolId::ZsetSemaphore
+            | ProtocolId::FairSemaphore
+            | ProtocolId::FairSemaphoreLocked => ClockUse::Shared,
+            _ => ClockUse::Local,
+        }
+    }
+}
+
 impl fmt::Display for ProtocolId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

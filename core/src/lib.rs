@@ -66,7 +66,7 @@ pub mod stampede;
 pub mod time;
 
 pub use catalogue::{
-    applications, catalogue, ApplicationEntry, CatalogueEntry, Kind, Machine, ProtocolId,
+    applications, catalogue, ApplicationEntry, CatalogueEntry, ClockUse, Kind, Machine, ProtocolId,
 };
 pub use config::{Config, ConfigError};
 pub use protocol::{

@@ -33,6 +33,7 @@
 mod command;
 pub mod script;
 mod semantics;
+pub mod wire;
 
 pub use command::{Command, Reply, ScoreBound, SetCondition, SetExpiry, WRONGTYPE};
 pub use script::Script;
