@@ -1,0 +1,125 @@
+//! The blocking front end (`lockwright-blocking`, std::net and the core's
+//! contract only) against real `redis-server` processes: set-px-lua,
+//! fenced, RedLock on three masters and lease-semaphore exclude, fence and
+//! admit as the adapter does, and a release without a reply is unknown.
+
+use lockwright_blocking::{Error, Lock};
+use lockwright_core::{Config, ProtocolId};
+use lockwright_tests::{redis_or_skip, RedisServer};
+use std::time::Duration;
+
+const REPLY: Duration = Duration::from_millis(300);
+
+fn lock(protocol: ProtocolId, name: &str, servers: &[&RedisServer], limit: u32) -> Lock {
+    let config = Config {
+        ttl_ms: 10_000,
+        limit,
+        ..Config::new(name)
+    };
+    let addrs = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    match Lock::new(protocol, config, addrs, REPLY) {
+        Ok(lock) => lock,
+        Err(e) => panic!("{protocol}: {e}"),
+    }
+}
+
+fn extra(what: &str) -> RedisServer {
+    match RedisServer::start() {
+        Ok(s) => s,
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+#[test]
+fn set_px_lua_excludes_and_releases() {
+    let Some(redis) = redis_or_skip("blocking set-px-lua") else {
+        return;
+    };
+    let (a, b) = (
+        lock(ProtocolId::SetPxLua, "orders", &[&redis], 1),
+        lock(ProtocolId::SetPxLua, "orders", &[&redis], 1),
+    );
+    let guard = a.try_acquire().unwrap().expect("free");
+    assert!(b.try_acquire().unwrap().is_none(), "excluded while held");
+    assert_eq!(guard.release(), Ok(true));
+    let guard = b.try_acquire().unwrap().expect("free again");
+    assert_eq!(guard.release(), Ok(true));
+}
+
+#[test]
+fn fenced_grants_increasing_fences() {
+    let Some(redis) = redis_or_skip("blocking fenced") else {
+        return;
+    };
+    let l = lock(ProtocolId::Fenced, "ledger", &[&redis], 1);
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        let guard = l.try_acquire().unwrap().expect("free");
+        fences.push(guard.lease().fence.expect("fenced").0);
+        assert_eq!(guard.release(), Ok(true));
+    }
+    assert_eq!(fences, [1, 2, 3]);
+}
+
+#[test]
+fn redlock_needs_a_majority_of_three() {
+    let Some(first) = redis_or_skip("blocking redlock") else {
+        return;
+    };
+    let (second, mut third) = (extra("second master"), extra("third master"));
+    let masters = [&first, &second, &third];
+    let (a, b) = (
+        lock(ProtocolId::Redlock, "red", &masters, 1),
+        lock(ProtocolId::Redlock, "red", &masters, 1),
+    );
+    let guard = a.try_acquire().unwrap().expect("free");
+    assert!(
+        b.try_acquire().unwrap().is_none(),
+        "excluded on every master"
+    );
+    assert_eq!(guard.release(), Ok(true));
+    // Two of three masters still make a majority.
+    third.kill();
+    let guard = b.try_acquire().unwrap().expect("a majority is up");
+    assert!(guard.lease().valid_until.0 > 0);
+    // Released on the two; on the dead one nobody knows.
+    assert!(matches!(guard.release(), Err(Error::OutcomeUnknown(_))));
+}
+
+#[test]
+fn lease_semaphore_admits_up_to_its_limit() {
+    let Some(redis) = redis_or_skip("blocking lease-semaphore") else {
+        return;
+    };
+    let pool = lock(ProtocolId::LeaseSemaphore, "pool", &[&redis], 2);
+    let first = pool.try_acquire().unwrap().expect("a permit");
+    let second = pool.try_acquire().unwrap().expect("a second permit");
+    assert!(pool.try_acquire().unwrap().is_none(), "the limit is 2");
+    let fences = (first.lease().fence, second.lease().fence);
+    assert!(fences.0 < fences.1, "{fences:?}");
+    assert_eq!(first.release(), Ok(true));
+    let third = pool.try_acquire().unwrap().expect("a permit came back");
+    assert_eq!(third.release(), Ok(true));
+    assert_eq!(second.release(), Ok(true));
+}
+
+#[test]
+fn a_release_to_a_stopped_server_is_unknown() {
+    let Some(redis) = redis_or_skip("blocking unknown release") else {
+        return;
+    };
+    let l = lock(ProtocolId::SetPxLua, "stopped", &[&redis], 1);
+    let guard = l.try_acquire().unwrap().expect("free");
+    redis.pause();
+    let released = guard.release();
+    redis.resume();
+    assert!(
+        matches!(released, Err(Error::OutcomeUnknown(_))),
+        "{released:?}"
+    );
+    // The release never ran: still held.
+    assert!(l.try_acquire().unwrap().is_none());
+}
