@@ -45,23 +45,39 @@ have_deb_src() {
     grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/
 }
 
-SUITE="$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")"
-if ! have_deb_src; then
-    [[ $(id -u) == 0 ]] || die "no deb-src entry in /etc/apt and not root: add one for $SUITE"
-    say "adding deb-src entry for $SUITE in $SRC_LIST"
-    cat > "$SRC_LIST" <<EOF
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: $SUITE $SUITE-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+# The source entries mirror the machine's own binary entries (same URIs,
+# suites and keys, Types deb-src): this script names no archive itself.
+derive_deb_src() {
+    local f
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -e "$f" && "$f" != "$SRC_LIST" ]] || continue
+        awk 'BEGIN { RS = ""; ORS = "\n\n" }
+             {
+                 n = split($0, lines, "\n"); out = ""; binary = 0
+                 for (i = 1; i <= n; i++) {
+                     line = lines[i]
+                     if (line ~ /^Types:/) {
+                         if (line ~ /[: ]deb( |$)/) binary = 1
+                         line = "Types: deb-src"
+                     }
+                     out = out line "\n"
+                 }
+                 if (binary) printf "%s\n", out
+             }' "$f"
+    done
+}
+derive_deb_src_lines() {
+    grep -hsE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | sed 's/^deb /deb-src /'
+}
 
-Types: deb-src
-URIs: http://deb.debian.org/debian-security
-Suites: $SUITE-security
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+if ! have_deb_src; then
+    [[ $(id -u) == 0 ]] || die "no deb-src entry in /etc/apt and not root: add one for the redis source package"
+    stanzas="$(derive_deb_src)"
+    lines="$(derive_deb_src_lines || true)"
+    [[ -n "$stanzas$lines" ]] || die "no binary apt source to derive a deb-src entry from"
+    say "adding deb-src entries mirroring this machine's apt sources"
+    [[ -z "$stanzas" ]] || printf '%s\n' "$stanzas" > "$SRC_LIST"
+    [[ -z "$lines" ]] || printf '%s\n' "$lines" > "${SRC_LIST%.sources}.list"
 fi
 # `.ci/run` adds the source entry first so that one `apt-get update` serves all.
 [[ "${1:-}" == --add-sources-only ]] && exit 0
