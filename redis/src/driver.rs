@@ -92,6 +92,39 @@ pub(crate) struct NodeSettings {
     pub(crate) keys: Option<std::sync::Arc<crate::keys::KeyMap>>,
 }
 
+/// How to remove, with the owner token alone, a hold the machine does not
+/// (or no longer) knows of: the command for every node, and how often to
+/// repeat it while it answers `0` (a reentrant count above one).
+#[derive(Clone, Debug)]
+pub(crate) struct TokenRelease {
+    pub(crate) command: lockwright_core::keyspace::Command,
+    pub(crate) rounds: usize,
+    /// Also after an acquire request without a reply: the machine retries
+    /// under the same token and would otherwise wait for its own hold.
+    /// (RedLock and the semaphores undo such attempts themselves.)
+    pub(crate) after_unknown_attempt: bool,
+}
+
+/// Token-release requests carry ids from the top of the range, which no
+/// machine reaches.
+const FIRST_TOKEN_RELEASE_ID: u64 = u64::MAX / 2;
+
+/// A token release in flight: the rounds left for its node.
+#[derive(Debug)]
+struct TokenReleaseRequest {
+    id: u64,
+    node: usize,
+    rounds_left: usize,
+}
+
+/// The answers to a token release the application waits for.
+#[derive(Debug)]
+struct TokenReleaseTally {
+    done: oneshot::Sender<Result<bool, Error>>,
+    removed: bool,
+    unknown: Option<String>,
+}
+
 /// A driver for `machine` over `routes` (node `i` is `routes[i]`), not yet
 /// running: [`Inline::drive`] runs it inside the caller's future, and
 /// [`Inline::into_task`] moves it to a task of its own.
@@ -100,6 +133,7 @@ pub(crate) fn new(
     routes: &[Route],
     settings: &NodeSettings,
     span: tracing::Span,
+    token_release: Option<TokenRelease>,
 ) -> Inline {
     let (lost, _) = watch::channel(false);
     Inline(Some(Box::new(Driver {
@@ -113,7 +147,10 @@ pub(crate) fn new(
         answered: vec![None; routes.len()],
         warned: None,
         unanswered: None,
-        attempt_unknown: false,
+        token_release,
+        token_requests: Vec::new(),
+        next_token_id: FIRST_TOKEN_RELEASE_ID,
+        tally: None,
         sleep: None,
         span,
     })))
@@ -175,12 +212,6 @@ impl Inline {
         let span = driver.span.clone();
         tokio::spawn(driver.run().instrument(span));
         Holder::Task(ops)
-    }
-
-    /// Did a request of the acquire go unanswered (so that it may have
-    /// written a hold this machine does not know of)?
-    pub(crate) fn attempt_unknown(&self) -> bool {
-        self.0.as_ref().is_some_and(|d| d.attempt_unknown)
     }
 
     /// A receiver of the hold's loss flag.
@@ -270,9 +301,14 @@ struct Driver {
     /// A request of the pending release or extend that got no reply: its
     /// outcome, and so the operation's, is unknown.
     unanswered: Option<String>,
-    /// A request of the acquire got no reply: it may have granted a hold
-    /// under this machine's token that the machine never learnt of.
-    attempt_unknown: bool,
+    /// How to remove a hold by its token (None: the protocol cannot).
+    token_release: Option<TokenRelease>,
+    /// Token-release requests in flight.
+    token_requests: Vec<TokenReleaseRequest>,
+    next_token_id: u64,
+    /// A release of a hold the machine had already given up, answered when
+    /// its token-release requests are.
+    tally: Option<TokenReleaseTally>,
     /// The timer, created at the first deadline.
     sleep: Option<Pin<Box<Sleep>>>,
     span: tracing::Span,
@@ -321,6 +357,10 @@ impl Driver {
         tokio::select! {
             finished = self.io.next(), if busy => {
                 let Finished { id, node, outcome, failure } = finished;
+                if id.0 >= FIRST_TOKEN_RELEASE_ID {
+                    self.on_token_release(id.0, outcome, failure);
+                    return;
+                }
                 if let Some(failure) = failure {
                     self.on_failure(node, failure);
                 } else {
@@ -398,6 +438,19 @@ impl Driver {
         match (result, op) {
             (Err(lockwright_core::UsageError::Busy), op) => self.deferred.push_back(op),
             (Err(e), Op::Acquire { done, .. }) => drop(done.send(Err(e.into()))),
+            (Err(lockwright_core::UsageError::NotHeld), Op::Release { done })
+                if self.token_release.is_some() =>
+            {
+                // Lost by our reckoning (validity ran out, a renewal found
+                // it gone), yet the key may still be ours on the server:
+                // ask Redis, with the token.
+                self.send_token_release();
+                self.tally = Some(TokenReleaseTally {
+                    done,
+                    removed: false,
+                    unknown: None,
+                });
+            }
             (Err(e), Op::Release { done }) => drop(done.send(Err(e.into()))),
             (Err(e), Op::Extend { done } | Op::Reenter { done }) => drop(done.send(Err(e.into()))),
             (Ok(()), Op::Acquire { done, .. }) => self.pending = Pending::Acquire(done),
@@ -453,7 +506,14 @@ impl Driver {
                 self.unanswered = Some(failure.text.clone());
             }
             Pending::Acquire(_) => {
-                self.attempt_unknown = true;
+                if self
+                    .token_release
+                    .as_ref()
+                    .is_some_and(|t| t.after_unknown_attempt)
+                {
+                    // Before the machine's retry under the same token.
+                    self.send_token_release();
+                }
                 if let Some(error) = failure.permanent {
                     // No retry can mend it: end the acquire now. The machine
                     // still gets its unknown outcome and winds down.
@@ -472,6 +532,92 @@ impl Driver {
             }
             Pending::None | Pending::Cleanup => {
                 tracing::debug!(node, problem = %failure.text, "no reply");
+            }
+        }
+    }
+
+    /// Send the token release to every node.
+    fn send_token_release(&mut self) {
+        let Some(release) = &self.token_release else {
+            return;
+        };
+        let (command, rounds) = (release.command.clone(), release.rounds);
+        for node in 0..self.answered.len() {
+            self.send_token_request(node, command.clone(), rounds);
+        }
+    }
+
+    fn send_token_request(
+        &mut self,
+        node: usize,
+        command: lockwright_core::keyspace::Command,
+        rounds_left: usize,
+    ) {
+        let id = self.next_token_id;
+        self.next_token_id = self.next_token_id.wrapping_add(1);
+        let request = Request {
+            id: lockwright_core::RequestId(id),
+            node: lockwright_core::NodeId(u8::try_from(node).unwrap_or(u8::MAX)),
+            command,
+        };
+        if self.io.send(request) {
+            self.token_requests.push(TokenReleaseRequest {
+                id,
+                node,
+                rounds_left,
+            });
+        }
+    }
+
+    /// A token release's answer: once more while a reentrant count is left,
+    /// then, when the application waits, its result once every node answered.
+    fn on_token_release(&mut self, id: u64, outcome: Outcome, failure: Option<Failure>) {
+        let Some(at) = self.token_requests.iter().position(|r| r.id == id) else {
+            return;
+        };
+        let request = self.token_requests.swap_remove(at);
+        match (&outcome, failure) {
+            (_, Some(failure)) => {
+                tracing::warn!(
+                    problem = %failure.text,
+                    "could not remove a hold by its token; its TTL ends it"
+                );
+                if let Some(tally) = &mut self.tally {
+                    tally.unknown = Some(failure.text);
+                }
+            }
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None)
+                if request.rounds_left > 1 =>
+            {
+                if let Some(release) = &self.token_release {
+                    let command = release.command.clone();
+                    self.send_token_request(request.node, command, request.rounds_left - 1);
+                }
+                return;
+            }
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(1)), None) => {
+                tracing::info!("removed a hold by its token");
+                if let Some(tally) = &mut self.tally {
+                    tally.removed = true;
+                }
+            }
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Error(e)), None) => {
+                if let Some(tally) = &mut self.tally {
+                    tally.unknown = Some(e.clone());
+                }
+            }
+            _ => {}
+        }
+        if self.token_requests.is_empty() {
+            if let Some(tally) = self.tally.take() {
+                let result = match tally.unknown {
+                    Some(reason) if !tally.removed => Err(Error::OutcomeUnknown {
+                        operation: Operation::Release,
+                        reason,
+                    }),
+                    _ => Ok(tally.removed),
+                };
+                drop(tally.done.send(result));
             }
         }
     }
@@ -592,6 +738,19 @@ impl Driver {
                     }
                 }
                 match pending {
+                    // The validity ran out with the extend still unanswered:
+                    // it may have run (the key then lives on), so its outcome
+                    // is unknown rather than a loss.
+                    Pending::Extend(done) if self.unanswered.is_some() || !self.io.is_idle() => {
+                        let reason = self
+                            .unanswered
+                            .take()
+                            .unwrap_or_else(|| "no reply before the lease ran out".to_owned());
+                        drop(done.send(Err(Error::OutcomeUnknown {
+                            operation: Operation::Extend,
+                            reason,
+                        })));
+                    }
                     Pending::Extend(done) => drop(done.send(Err(Error::Lost))),
                     Pending::Release(done) => {
                         let result = self.unless_unanswered(Operation::Release, false);

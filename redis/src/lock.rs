@@ -2,7 +2,7 @@
 
 use crate::clock::clock;
 use crate::conn::{Nodes, Route};
-use crate::driver::{self, Holder, How, NodeSettings, Op};
+use crate::driver::{self, Holder, How, NodeSettings, Op, TokenRelease};
 use crate::keys::KeyMap;
 use crate::lease_cell::{LeaseCell, Phase};
 use crate::notices::Notices;
@@ -430,14 +430,16 @@ impl Shared {
             // The acquire runs in this future. Dropping the future part-way
             // drops `driver`, which then finishes in a task of its own: it
             // gives back any grant that arrives and stops.
-            let mut driver = driver::new(machine, &self.routes, &self.settings, span.clone());
+            let mut driver = driver::new(
+                machine,
+                &self.routes,
+                &self.settings,
+                span.clone(),
+                self.token_release(&token_copy),
+            );
             let (done, mut result) = oneshot::channel();
             driver.apply(Op::Acquire { how, done });
-            let outcome = driver.drive(&mut result).await.ok_or(Error::DriverGone)?;
-            if !matches!(outcome, Ok(Some(_))) && driver.attempt_unknown() {
-                self.undo_unknown_attempt(&token_copy).await;
-            }
-            let granted = outcome?;
+            let granted = driver.drive(&mut result).await.ok_or(Error::DriverGone)??;
             Ok(match granted {
                 Some(g) => Some(LockGuard {
                     protocol: self.protocol,
@@ -455,31 +457,30 @@ impl Shared {
         .await
     }
 
-    /// An acquire that ends without a hold after a request of it got no
-    /// reply: that request may have run and written a hold under our token,
-    /// which nobody would release (under `setnx-del`, which sets no TTL,
-    /// ever). Remove it with our token, as a release would; best effort, in
-    /// the same request timeout, and a request of the attempt that runs
-    /// after this one still leaves its hold to its TTL. RedLock and the
-    /// semaphores undo such attempts in their machines; `setnx-getset`
-    /// stores a timestamp, not an owner, so nothing can tell its hold from
-    /// another's.
-    async fn undo_unknown_attempt(&self, token: &Token) {
+    /// How to remove this protocol's hold with the owner token alone: after
+    /// an acquire request without a reply (that request may have written a
+    /// hold under our token, which nobody would release; under `setnx-del`,
+    /// which sets no TTL, ever), and for a release after the hold was lost
+    /// by our reckoning (the key may still be ours on the server). `None`
+    /// where nothing on the server names the owner (`setnx-getset` stores a
+    /// timestamp) or the release is a multi-step recipe (the ZSET and WATCH
+    /// semaphores).
+    fn token_release(&self, token: &Token) -> Option<TokenRelease> {
         let notify = self.config.notify_releases;
-        let (command, rounds) = match self.protocol {
+        let compare_and_delete = || Command::Eval {
+            script: Script::CompareAndDelete,
+            keys: vec![self.config.key()],
+            args: release_args(vec![token.0.clone()], notify),
+        };
+        let (command, rounds, after_unknown_attempt) = match self.protocol {
             ProtocolId::SetPxLua
             | ProtocolId::SetPxGetDel
             | ProtocolId::SetPxWatch
             | ProtocolId::Fenced
             | ProtocolId::SetnxDel
-            | ProtocolId::SetnxExpire => (
-                Command::Eval {
-                    script: Script::CompareAndDelete,
-                    keys: vec![self.config.key()],
-                    args: release_args(vec![token.0.clone()], notify),
-                },
-                1,
-            ),
+            | ProtocolId::SetnxExpire => (compare_and_delete(), 1, true),
+            // The machine undoes an unanswered round on every master itself.
+            ProtocolId::Redlock => (compare_and_delete(), 1, false),
             // Each unanswered lock script may have added one to our count.
             ProtocolId::Reentrant => (
                 Command::Eval {
@@ -491,31 +492,24 @@ impl Shared {
                     ),
                 },
                 UNDO_ROUNDS,
+                true,
             ),
-            _ => return,
+            ProtocolId::LeaseSemaphore => (
+                Command::Eval {
+                    script: Script::LeaseRelease,
+                    keys: vec![self.config.key_with("permits")],
+                    args: release_args(vec![token.0.clone()], notify),
+                },
+                1,
+                false,
+            ),
+            _ => return None,
         };
-        let command = self.redis_command(command);
-        for route in &self.routes {
-            for _ in 0..rounds {
-                match route
-                    .run_once(command.clone(), self.settings.request_timeout)
-                    .await
-                {
-                    // More of our count left (reentrant): once more.
-                    Ok(Reply::Int(0)) if rounds > 1 => continue,
-                    Ok(Reply::Int(_)) => {
-                        tracing::info!("removed a hold an unanswered acquire request had written");
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(
-                        problem = %e.text,
-                        "could not check for a hold left by an unanswered acquire request; \
-                         its TTL ends it"
-                    ),
-                }
-                break;
-            }
-        }
+        Some(TokenRelease {
+            command,
+            rounds,
+            after_unknown_attempt,
+        })
     }
 
     fn fmt_nodes(&self) -> Vec<String> {
@@ -1012,8 +1006,17 @@ impl LockGuard {
     /// when Redis said it was already gone (expired, or taken by someone
     /// else). [`Error::OutcomeUnknown`] when a request of the release got no
     /// reply: the hold may still stand on the server until its TTL.
+    ///
+    /// A hold already lost by this process' reckoning (its validity ran
+    /// out, a renewal found it gone) is still released by its owner token,
+    /// so the answer is Redis' and no key of ours outlives the guard; only
+    /// the protocols with nothing on the server that names the owner
+    /// (`setnx-getset`, the ZSET and WATCH semaphores) answer
+    /// [`Error::Lost`] instead.
     pub async fn release(mut self) -> Result<bool, Error> {
         let span = tracing::info_span!(parent: &self.span, "release");
+        // A lost hold is released by its token, every level at once.
+        let lost = self.is_lost();
         self.cell.release();
         // A reentrant hold entered several times is released level by level
         // (the unlock script takes one level per call), down to zero.
@@ -1023,12 +1026,13 @@ impl LockGuard {
                 .instrument(span.clone())
                 .await
             {
-                // Already lost: nothing of ours is left to remove.
-                Err(Error::Usage(UsageError::NotHeld)) => Ok(false),
+                // Lost by our reckoning, and the protocol cannot ask Redis
+                // by token whether the key is still ours.
+                Err(Error::Usage(UsageError::NotHeld)) => Err(Error::Lost),
                 other => other,
             };
             self.holds = self.holds.saturating_sub(1);
-            if self.holds == 0 || !matches!(result, Ok(true)) {
+            if lost || self.holds == 0 || !matches!(result, Ok(true)) {
                 return result;
             }
         }

@@ -1,0 +1,272 @@
+//! Lost replies, cancelled acquires and locally expired guards: the
+//! adapter reports what Redis said (or that nobody knows), and leaves no
+//! hold of ours behind. Replies are lost by a relay (`ReplyLoss`) in front
+//! of a real `redis-server`: the requests run, their answers never come.
+
+use lockwright_core::ProtocolId;
+use lockwright_redis::{Error, Lock, LockOptions, Operation};
+use lockwright_tests::{raw, redis_or_skip, RedisServer, ReplyLoss};
+use std::time::Duration;
+
+async fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    let mut conn = redis.conn().await;
+    raw(&mut conn, redis::cmd("PTTL").arg(key)).await
+}
+
+/// Load every script, so that an `EVALSHA` whose reply is lost has run
+/// (a lost `NOSCRIPT` would never fall back to `EVAL`).
+async fn load_scripts(redis: &RedisServer) {
+    let mut conn = redis.conn().await;
+    for script in lockwright_core::keyspace::Script::ALL {
+        let _: String = raw(
+            &mut conn,
+            redis::cmd("SCRIPT").arg("LOAD").arg(script.lua()),
+        )
+        .await;
+    }
+}
+
+async fn exists(redis: &RedisServer, key: &str) -> i64 {
+    let mut conn = redis.conn().await;
+    raw(&mut conn, redis::cmd("EXISTS").arg(key)).await
+}
+
+/// A guard whose local validity ran out (drift allowance) while its key is
+/// still on the server: `release()` still asks Redis, with the token, and
+/// removes the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_local_expiry_says_gone_while_the_key_stands() {
+    let Some(redis) = redis_or_skip("release after local expiry") else {
+        return;
+    };
+    let options = LockOptions {
+        auto_renew: false,
+        request_timeout: Duration::from_millis(300),
+        drift: Some(Duration::from_millis(1500)),
+        ..LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(3))
+    };
+    let lock = Lock::new([redis.client()], "drifted", options).unwrap();
+    let guard = lock.try_acquire().await.unwrap().expect("granted");
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    assert!(guard.is_lost());
+    let before = pttl(&redis, "{drifted}").await;
+    let released = guard.release().await;
+    let left = exists(&redis, "{drifted}").await;
+    assert_eq!(released, Ok(true), "PTTL before the release: {before} ms");
+    assert_eq!(left, 0, "the key was removed");
+}
+
+/// The same for a reentrant hold entered three times: the release by token
+/// takes every level off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_local_expiry_takes_every_reentrant_level_off() {
+    let Some(redis) = redis_or_skip("reentrant release after local expiry") else {
+        return;
+    };
+    let options = LockOptions {
+        auto_renew: false,
+        request_timeout: Duration::from_millis(300),
+        drift: Some(Duration::from_millis(1500)),
+        ..LockOptions::new(ProtocolId::Reentrant, Duration::from_secs(3))
+    };
+    let lock = Lock::new([redis.client()], "levels", options).unwrap();
+    let mut guard = lock.try_acquire().await.unwrap().expect("granted");
+    assert_eq!(guard.reenter().await, Ok(2));
+    assert_eq!(guard.reenter().await, Ok(3));
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    assert!(guard.is_lost());
+    assert_eq!(guard.release().await, Ok(true));
+    assert_eq!(exists(&redis, "{levels}").await, 0, "no level left");
+}
+
+/// A renewing guard whose renewals run but whose replies are lost (an
+/// asymmetric fault): the guard reports itself lost, `release()` answers
+/// `Ok(false)` at once although Redis said nothing, and the key, refreshed
+/// by the last renewal, stays on the server for up to a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_loss_by_unanswered_renewals_is_not_known_gone() {
+    let Some(redis) = redis_or_skip("release after loss, lost replies") else {
+        return;
+    };
+    let relay = ReplyLoss::start(redis.port()).await;
+    load_scripts(&redis).await;
+    let options = LockOptions {
+        request_timeout: Duration::from_millis(300),
+        ..LockOptions::new(ProtocolId::Fenced, Duration::from_millis(1500))
+    };
+    assert!(options.auto_renew);
+    let lock = Lock::new([relay.client()], "renew-lost", options).unwrap();
+    let guard = lock.try_acquire().await.unwrap().expect("granted");
+    relay.arm("{renew-lost}");
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost while renewal replies are lost");
+    let left_before = pttl(&redis, "{renew-lost}").await;
+    let released = guard.release().await;
+    relay.arm("never sent: disarmed");
+    let left = pttl(&redis, "{renew-lost}").await;
+    assert!(
+        !matches!(released, Ok(false)) || left < 0,
+        "release() = {released:?} although Redis never answered; the key is still \
+         there with PTTL {left} ms (before the release: {left_before} ms)"
+    );
+}
+
+/// An extend whose request gets no reply and whose wait outlives the lease
+/// is reported `Lost`, not `OutcomeUnknown`; the extend then runs once the
+/// server resumes, and the key stands for a new TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_extend_past_validity_is_unknown_not_lost() {
+    let Some(redis) = redis_or_skip("unanswered extend past validity") else {
+        return;
+    };
+    let relay = ReplyLoss::start(redis.port()).await;
+    load_scripts(&redis).await;
+    let mut failures = Vec::new();
+    for protocol in [ProtocolId::SetPxLua, ProtocolId::Reentrant] {
+        let name = format!("late-extend-{protocol}");
+        let key = format!("{{{name}}}");
+        let options = LockOptions {
+            auto_renew: false,
+            request_timeout: Duration::from_millis(600),
+            ..LockOptions::new(protocol, Duration::from_millis(1000))
+        };
+        let lock = Lock::new([relay.client()], &name, options).unwrap();
+        let mut guard = lock.try_acquire().await.unwrap().expect("granted");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The extend runs on the server; its reply is lost.
+        relay.arm(&key);
+        let extended = guard.extend().await;
+        relay.arm("never sent: disarmed");
+        let left = pttl(&redis, &key).await;
+        let released = guard.release().await;
+        let after = exists(&redis, &key).await;
+        let mut conn = redis.conn().await;
+        let _: i64 = raw(&mut conn, redis::cmd("DEL").arg(&key)).await;
+        if !matches!(
+            extended,
+            Err(Error::OutcomeUnknown {
+                operation: Operation::Extend,
+                ..
+            })
+        ) {
+            failures.push(format!(
+                "{protocol}: extend() = {extended:?}; the key's PTTL then: {left} ms; \
+                 then release() = {released:?} and the key exists: {after}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// An acquire future dropped (here by `tokio::time::timeout`) after a grant
+/// request that ran without a reply: no undo runs, and under `setnx-del`
+/// (no TTL) the key with our token stays for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquire_after_an_unanswered_grant_leaves_no_hold() {
+    let Some(redis) = redis_or_skip("cancelled acquire, lost reply") else {
+        return;
+    };
+    let relay = ReplyLoss::start(redis.port()).await;
+    load_scripts(&redis).await;
+    let mut failures = Vec::new();
+    for protocol in [
+        ProtocolId::SetnxDel,
+        ProtocolId::SetPxLua,
+        ProtocolId::Reentrant,
+    ] {
+        let name = format!("cancelled-{protocol}");
+        let key = format!("{{{name}}}");
+        let options = LockOptions {
+            auto_renew: false,
+            request_timeout: Duration::from_millis(300),
+            ..LockOptions::new(protocol, Duration::from_secs(10))
+        };
+        let lock = Lock::new([relay.client()], &name, options).unwrap();
+        relay.arm(&key);
+        let cancelled = tokio::time::timeout(Duration::from_millis(1500), lock.acquire()).await;
+        assert!(cancelled.is_err(), "{protocol}: {cancelled:?}");
+        relay.arm("never sent: disarmed");
+        // Let the driver finish in the background.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let left = exists(&redis, &key).await;
+        let ttl = pttl(&redis, &key).await;
+        let mut conn = redis.conn().await;
+        let _: i64 = raw(&mut conn, redis::cmd("DEL").arg(&key)).await;
+        if left != 0 {
+            failures.push(format!(
+                "{protocol}: the cancelled acquire left its hold (PTTL {ttl})"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `acquire()` without a deadline, after one grant ran without a reply:
+/// the machine keeps retrying against its own token and, under
+/// `setnx-del`, never gets the free lock, even after the fault is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_does_not_wait_for_its_own_unanswered_grant() {
+    let Some(redis) = redis_or_skip("self-deadlock after lost reply") else {
+        return;
+    };
+    let relay = ReplyLoss::start(redis.port()).await;
+    load_scripts(&redis).await;
+    let name = "selfblock";
+    let key = "{selfblock}";
+    let options = LockOptions {
+        auto_renew: false,
+        request_timeout: Duration::from_millis(300),
+        ..LockOptions::new(ProtocolId::SetnxDel, Duration::from_secs(10))
+    };
+    let lock = Lock::new([relay.client()], name, options).unwrap();
+    relay.arm(key);
+    let acquire = tokio::spawn({
+        let lock = lock.clone();
+        async move { tokio::time::timeout(Duration::from_secs(5), lock.acquire()).await }
+    });
+    // Past the first attempt (whose own undo runs) into the waiting phase.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The fault is gone; nobody else holds the lock.
+    relay.arm("never sent: disarmed");
+    let got = acquire.await.unwrap();
+    let left = exists(&redis, key).await;
+    let mut conn = redis.conn().await;
+    let _: i64 = raw(&mut conn, redis::cmd("DEL").arg(key)).await;
+    assert!(
+        matches!(got, Ok(Ok(_))),
+        "acquire() still waiting after 5 s for a lock only its own unanswered \
+         SETNX holds (key exists: {left}): {got:?}"
+    );
+}
+
+/// The README's adapter example, as written (a compile check).
+#[allow(dead_code)]
+mod readme {
+    use lockwright_redis::{redis, Lock, LockOptions, Nodes, ProtocolId};
+    use std::time::Duration;
+
+    async fn demo() -> Result<(), lockwright_redis::Error> {
+        let open = |url: &str| redis::Client::open(url).expect("a valid URL");
+        let t = Duration::from_secs(1);
+        // One node; a Sentinel group (follows failover); a Redis Cluster.
+        let single = Nodes::new([open("redis://127.0.0.1:6379/")]);
+        let sentinel = Nodes::sentinel(
+            [open("redis://127.0.0.1:26379/")],
+            "mymaster",
+            open("redis://127.0.0.1/"),
+            t,
+        )?;
+        let cluster = Nodes::cluster([open("redis://127.0.0.1:7000/")], t)?;
+        for nodes in [single, sentinel, cluster] {
+            let lock = Lock::on(
+                &nodes,
+                "invoices",
+                LockOptions::new(ProtocolId::Fenced, Duration::from_secs(5)),
+            )?;
+            let guard = lock.acquire().await?;
+            guard.release().await?;
+        }
+        Ok(())
+    }
+}
