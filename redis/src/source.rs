@@ -69,21 +69,29 @@ impl Source {
 }
 
 impl SentinelGroup {
+    /// The master the first Sentinel able to name it names. When none
+    /// can, the error is a passing one (a Sentinel down or slow) if any
+    /// was: only when every Sentinel answered that it cannot name this
+    /// master (not a Sentinel, no such group) is the error one that no
+    /// retry mends, whatever the Sentinels' order.
     async fn master(&self, timeout: Duration) -> Result<redis::Client, RedisError> {
-        let mut last: Option<RedisError> = None;
+        let mut permanent: Option<RedisError> = None;
+        let mut transient: Option<RedisError> = None;
         for sentinel in &self.sentinels {
-            match tokio::time::timeout(timeout, self.ask(sentinel)).await {
+            let error = match tokio::time::timeout(timeout, self.ask(sentinel)).await {
                 Ok(Ok(client)) => return Ok(client),
-                Ok(Err(e)) => last = Some(e),
+                Ok(Err(e)) => e,
                 Err(_) => {
-                    last = Some(RedisError::from((
-                        redis::ErrorKind::Io,
-                        "sentinel did not answer in time",
-                    )))
+                    RedisError::from((redis::ErrorKind::Io, "sentinel did not answer in time"))
                 }
+            };
+            if crate::conn::classify(&error).permanent.is_some() {
+                permanent = Some(error);
+            } else {
+                transient = Some(error);
             }
         }
-        Err(last.unwrap_or_else(|| {
+        Err(transient.or(permanent).unwrap_or_else(|| {
             RedisError::from((redis::ErrorKind::EmptySentinelList, "no sentinel given"))
         }))
     }

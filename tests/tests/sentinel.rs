@@ -5,7 +5,7 @@
 
 use lockwright_core::ProtocolId;
 use lockwright_redis::{Error, Lock, LockOptions, Nodes, OptionsError};
-use lockwright_tests::{acquire_error, raw, redis_or_skip, RedisServer};
+use lockwright_tests::{acquire_error, closed_port, raw, redis_or_skip, RedisServer};
 use std::time::Duration;
 
 const GROUP: &str = "lockwright-group";
@@ -168,5 +168,21 @@ async fn a_wrong_sentinel_set_up_is_an_error_not_a_wait() {
     match acquire_error("unknown master", wrong_set_up(&nodes).acquire()).await {
         Error::Topology(_) => {}
         other => panic!("an unknown master name: {other:?}"),
+    }
+    // A Sentinel that is down might know the group: keep trying, in
+    // either order, until the deadline.
+    let down = redis::Client::open(format!("redis://127.0.0.1:{}/", closed_port())).unwrap();
+    for sentinels in [
+        [sentinel.client(), down.clone()],
+        [down.clone(), sentinel.client()],
+    ] {
+        let nodes = Nodes::sentinel(sentinels, "no-such-group", plain.client(), t).unwrap();
+        let result = wrong_set_up(&nodes)
+            .acquire_timeout(Duration::from_millis(800))
+            .await;
+        assert!(
+            matches!(result, Err(Error::Timeout | Error::Unavailable(_))),
+            "with a Sentinel down the error may pass: {result:?}"
+        );
     }
 }
