@@ -29,6 +29,20 @@
 //! `chaos/ci.sh` builds the image, runs the suite (about two minutes) and
 //! prints the combined table.
 //!
+//! ## What is real and what is simulated
+//!
+//! Real: node kill and restart (the container's process), node clock jumps
+//! (libfaketime in the node containers), failover (a real replica, its
+//! replication link cut, promoted with `REPLICAOF NO ONE`), node partitions
+//! (the container taken off its network). Simulated in the test process:
+//! a client *pause* is the holder's task sleeping past its validity (no
+//! process is stopped), client clock *skew* is an offset added to the
+//! clock the scenario passes to a [`DrivenMachine`], and a *per-client*
+//! partition in the RedLock scenarios is a client whose view names a port
+//! nothing listens on (connections are refused at once, not black-holed).
+//! These scenarios cover a handful of the matrix's violated cells, chosen
+//! by hand; they do not replay the model's counterexamples.
+//!
 //! ## The image
 //!
 //! `lockwright/redis-faketime:7` is built locally, once per machine, by
