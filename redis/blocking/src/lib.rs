@@ -370,17 +370,21 @@ fn decode(r: &mut impl BufRead) -> Result<Reply, String> {
         Err(e) => return Err(e.to_string()),
     }
     let line = line.trim_end_matches("\r\n");
-    let (kind, rest) = line.split_at(line.len().min(1));
+    let mut chars = line.chars();
+    let kind = chars.next();
+    let rest = chars.as_str();
     let number = || {
         rest.parse::<i64>()
             .map_err(|_| format!("bad RESP line {line:?}"))
     };
     match kind {
-        "+" => Ok(Reply::Status(rest.to_owned())),
-        "-" => Ok(Reply::Error(rest.to_owned())),
-        ":" => Ok(Reply::Int(number()?)),
-        "$" => match usize::try_from(number()?) {
+        Some('+') => Ok(Reply::Status(rest.to_owned())),
+        Some('-') => Ok(Reply::Error(rest.to_owned())),
+        Some(':') => Ok(Reply::Int(number()?)),
+        Some('$') => match usize::try_from(number()?) {
             Err(_) => Ok(Reply::Nil),
+            // Redis' proto-max-bulk-len default: a longer one is not Redis.
+            Ok(len) if len > 512 << 20 => Err(format!("bulk of {len} bytes")),
             Ok(len) => {
                 let mut bytes = vec![0u8; len + 2];
                 r.read_exact(&mut bytes).map_err(|e| e.to_string())?;
@@ -388,7 +392,7 @@ fn decode(r: &mut impl BufRead) -> Result<Reply, String> {
                 Ok(Reply::Bulk(String::from_utf8_lossy(&bytes).into_owned()))
             }
         },
-        "*" => match usize::try_from(number()?) {
+        Some('*') => match usize::try_from(number()?) {
             Err(_) => Ok(Reply::Nil),
             Ok(n) => (0..n)
                 .map(|_| decode(r))
@@ -419,6 +423,13 @@ mod tests {
             ]
         );
         assert!(decode(&mut input).is_err(), "closed");
+        // Not RESP at all (a multi-byte first character, bad lengths):
+        // errors, never a panic.
+        let mut garbage: &[u8] = "é\r\n$x\r\n*-\r\n$9223372036854775807\r\n".as_bytes();
+        assert!(decode(&mut garbage).is_err());
+        assert!(decode(&mut garbage).is_err());
+        assert!(decode(&mut garbage).is_err());
+        assert!(decode(&mut garbage).is_err());
     }
 
     #[test]
