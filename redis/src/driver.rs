@@ -177,7 +177,14 @@ impl Inline {
             loop {
                 driver.drain();
                 match result.try_recv() {
-                    Ok(value) => return Some(value),
+                    Ok(value) => {
+                        // A hold removed by token (an unanswered attempt)
+                        // is gone before the caller hears the outcome.
+                        while !driver.token_requests.is_empty() {
+                            driver.step().await;
+                        }
+                        return Some(value);
+                    }
                     Err(oneshot::error::TryRecvError::Closed) => return None,
                     Err(oneshot::error::TryRecvError::Empty) => driver.step().await,
                 }

@@ -509,3 +509,30 @@ pub async fn acquire_error(
         Err(_) => panic!("{what}: still waiting after {HANG:?}"),
     }
 }
+
+impl RedisServer {
+    /// `PTTL key` (-2 when the key is missing, -1 without a TTL).
+    pub async fn pttl(&self, key: &str) -> i64 {
+        let mut conn = self.conn().await;
+        raw(&mut conn, redis::cmd("PTTL").arg(key)).await
+    }
+
+    /// `EXISTS key`.
+    pub async fn exists(&self, key: &str) -> i64 {
+        let mut conn = self.conn().await;
+        raw(&mut conn, redis::cmd("EXISTS").arg(key)).await
+    }
+
+    /// Load every catalogue script (`SCRIPT LOAD`): with replies lost, an
+    /// `EVALSHA` answered `NOSCRIPT` would never fall back to `EVAL`.
+    pub async fn load_scripts(&self) {
+        let mut conn = self.conn().await;
+        for script in lockwright_core::keyspace::Script::ALL {
+            let _: String = raw(
+                &mut conn,
+                redis::cmd("SCRIPT").arg("LOAD").arg(script.lua()),
+            )
+            .await;
+        }
+    }
+}

@@ -28,11 +28,6 @@ fn client(url: &str) -> redis::Client {
     }
 }
 
-async fn pttl(redis: &RedisServer, key: &str) -> i64 {
-    let mut conn = redis.conn().await;
-    raw(&mut conn, redis::cmd("PTTL").arg(key)).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_to_a_stopped_server_is_unknown_and_the_key_survives() {
     let Some(redis) = redis_or_skip("release to a stopped server") else {
@@ -57,7 +52,7 @@ async fn a_release_to_a_stopped_server_is_unknown_and_the_key_survives() {
             other => panic!("{protocol}: expected an unknown outcome, got {other:?}"),
         }
         // The release never ran: the hold is still on the server.
-        assert!(pttl(&redis, "{stopped}").await > 0, "{protocol}");
+        assert!(redis.pttl("{stopped}").await > 0, "{protocol}");
         let mut conn = redis.conn().await;
         let _: i64 = raw(&mut conn, redis::cmd("DEL").arg("{stopped}")).await;
     }
@@ -170,14 +165,7 @@ async fn an_acquire_whose_grant_ran_without_a_reply_leaves_no_hold() {
     let relay = ReplyLoss::start(redis.port()).await;
     // Loaded beforehand: an `EVALSHA` whose `NOSCRIPT` answer is lost would
     // never fall back to `EVAL`.
-    let mut conn = redis.conn().await;
-    for script in lockwright_core::keyspace::Script::ALL {
-        let _: String = raw(
-            &mut conn,
-            redis::cmd("SCRIPT").arg("LOAD").arg(script.lua()),
-        )
-        .await;
-    }
+    redis.load_scripts().await;
     // The grant command of each protocol, as Redis counts it.
     for (protocol, grant) in [
         (ProtocolId::SetPxLua, "set"),

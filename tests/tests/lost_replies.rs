@@ -5,31 +5,8 @@
 
 use lockwright_core::ProtocolId;
 use lockwright_redis::{Error, Lock, LockOptions, Operation};
-use lockwright_tests::{raw, redis_or_skip, RedisServer, ReplyLoss};
+use lockwright_tests::{raw, redis_or_skip, ReplyLoss};
 use std::time::Duration;
-
-async fn pttl(redis: &RedisServer, key: &str) -> i64 {
-    let mut conn = redis.conn().await;
-    raw(&mut conn, redis::cmd("PTTL").arg(key)).await
-}
-
-/// Load every script, so that an `EVALSHA` whose reply is lost has run
-/// (a lost `NOSCRIPT` would never fall back to `EVAL`).
-async fn load_scripts(redis: &RedisServer) {
-    let mut conn = redis.conn().await;
-    for script in lockwright_core::keyspace::Script::ALL {
-        let _: String = raw(
-            &mut conn,
-            redis::cmd("SCRIPT").arg("LOAD").arg(script.lua()),
-        )
-        .await;
-    }
-}
-
-async fn exists(redis: &RedisServer, key: &str) -> i64 {
-    let mut conn = redis.conn().await;
-    raw(&mut conn, redis::cmd("EXISTS").arg(key)).await
-}
 
 /// A guard whose local validity ran out (drift allowance) while its key is
 /// still on the server: `release()` still asks Redis, with the token, and
@@ -49,9 +26,9 @@ async fn release_after_local_expiry_says_gone_while_the_key_stands() {
     let guard = lock.try_acquire().await.unwrap().expect("granted");
     tokio::time::sleep(Duration::from_millis(1700)).await;
     assert!(guard.is_lost());
-    let before = pttl(&redis, "{drifted}").await;
+    let before = redis.pttl("{drifted}").await;
     let released = guard.release().await;
-    let left = exists(&redis, "{drifted}").await;
+    let left = redis.exists("{drifted}").await;
     assert_eq!(released, Ok(true), "PTTL before the release: {before} ms");
     assert_eq!(left, 0, "the key was removed");
 }
@@ -76,7 +53,7 @@ async fn release_after_local_expiry_takes_every_reentrant_level_off() {
     tokio::time::sleep(Duration::from_millis(1700)).await;
     assert!(guard.is_lost());
     assert_eq!(guard.release().await, Ok(true));
-    assert_eq!(exists(&redis, "{levels}").await, 0, "no level left");
+    assert_eq!(redis.exists("{levels}").await, 0, "no level left");
 }
 
 /// A renewing guard whose renewals run but whose replies are lost (an
@@ -89,7 +66,7 @@ async fn release_after_loss_by_unanswered_renewals_is_not_known_gone() {
         return;
     };
     let relay = ReplyLoss::start(redis.port()).await;
-    load_scripts(&redis).await;
+    redis.load_scripts().await;
     let options = LockOptions {
         request_timeout: Duration::from_millis(300),
         ..LockOptions::new(ProtocolId::Fenced, Duration::from_millis(1500))
@@ -101,10 +78,10 @@ async fn release_after_loss_by_unanswered_renewals_is_not_known_gone() {
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("lost while renewal replies are lost");
-    let left_before = pttl(&redis, "{renew-lost}").await;
+    let left_before = redis.pttl("{renew-lost}").await;
     let released = guard.release().await;
     relay.arm("never sent: disarmed");
-    let left = pttl(&redis, "{renew-lost}").await;
+    let left = redis.pttl("{renew-lost}").await;
     assert!(
         !matches!(released, Ok(false)) || left < 0,
         "release() = {released:?} although Redis never answered; the key is still \
@@ -121,7 +98,7 @@ async fn an_unanswered_extend_past_validity_is_unknown_not_lost() {
         return;
     };
     let relay = ReplyLoss::start(redis.port()).await;
-    load_scripts(&redis).await;
+    redis.load_scripts().await;
     let mut failures = Vec::new();
     for protocol in [ProtocolId::SetPxLua, ProtocolId::Reentrant] {
         let name = format!("late-extend-{protocol}");
@@ -138,9 +115,9 @@ async fn an_unanswered_extend_past_validity_is_unknown_not_lost() {
         relay.arm(&key);
         let extended = guard.extend().await;
         relay.arm("never sent: disarmed");
-        let left = pttl(&redis, &key).await;
+        let left = redis.pttl(&key).await;
         let released = guard.release().await;
-        let after = exists(&redis, &key).await;
+        let after = redis.exists(&key).await;
         let mut conn = redis.conn().await;
         let _: i64 = raw(&mut conn, redis::cmd("DEL").arg(&key)).await;
         if !matches!(
@@ -168,7 +145,7 @@ async fn a_cancelled_acquire_after_an_unanswered_grant_leaves_no_hold() {
         return;
     };
     let relay = ReplyLoss::start(redis.port()).await;
-    load_scripts(&redis).await;
+    redis.load_scripts().await;
     let mut failures = Vec::new();
     for protocol in [
         ProtocolId::SetnxDel,
@@ -189,8 +166,8 @@ async fn a_cancelled_acquire_after_an_unanswered_grant_leaves_no_hold() {
         relay.arm("never sent: disarmed");
         // Let the driver finish in the background.
         tokio::time::sleep(Duration::from_millis(1000)).await;
-        let left = exists(&redis, &key).await;
-        let ttl = pttl(&redis, &key).await;
+        let left = redis.exists(&key).await;
+        let ttl = redis.pttl(&key).await;
         let mut conn = redis.conn().await;
         let _: i64 = raw(&mut conn, redis::cmd("DEL").arg(&key)).await;
         if left != 0 {
@@ -211,7 +188,7 @@ async fn an_acquire_does_not_wait_for_its_own_unanswered_grant() {
         return;
     };
     let relay = ReplyLoss::start(redis.port()).await;
-    load_scripts(&redis).await;
+    redis.load_scripts().await;
     let name = "selfblock";
     let key = "{selfblock}";
     let options = LockOptions {
@@ -230,7 +207,7 @@ async fn an_acquire_does_not_wait_for_its_own_unanswered_grant() {
     // The fault is gone; nobody else holds the lock.
     relay.arm("never sent: disarmed");
     let got = acquire.await.unwrap();
-    let left = exists(&redis, key).await;
+    let left = redis.exists(key).await;
     let mut conn = redis.conn().await;
     let _: i64 = raw(&mut conn, redis::cmd("DEL").arg(key)).await;
     assert!(
