@@ -115,7 +115,17 @@ struct TokenReleaseRequest {
     id: u64,
     node: usize,
     rounds_left: usize,
+    /// Resends left when it gets no reply (the undo of an unanswered
+    /// attempt: a hold left behind might never expire under `setnx-del`).
+    retries_left: usize,
+    /// Its first sending (the acquire's answer waits for these; resends
+    /// go on in the background).
+    first: bool,
 }
+
+/// Resends of an undo that got no reply, before its TTL (if any) is left
+/// to end the hold.
+const UNDO_RETRIES: usize = 10;
 
 /// The answers to a token release the application waits for.
 #[derive(Debug)]
@@ -151,6 +161,7 @@ pub(crate) fn new(
         token_requests: Vec::new(),
         next_token_id: FIRST_TOKEN_RELEASE_ID,
         tally: None,
+        released_by_token: None,
         sleep: None,
         span,
     })))
@@ -180,7 +191,7 @@ impl Inline {
                     Ok(value) => {
                         // A hold removed by token (an unanswered attempt)
                         // is gone before the caller hears the outcome.
-                        while !driver.token_requests.is_empty() {
+                        while driver.token_requests.iter().any(|r| r.first) {
                             driver.step().await;
                         }
                         return Some(value);
@@ -316,6 +327,9 @@ struct Driver {
     /// A release of a hold the machine had already given up, answered when
     /// its token-release requests are.
     tally: Option<TokenReleaseTally>,
+    /// What the release by token of this hold answered, for the further
+    /// releases of a reentrant guard's levels.
+    released_by_token: Option<bool>,
     /// The timer, created at the first deadline.
     sleep: Option<Pin<Box<Sleep>>>,
     span: tracing::Span,
@@ -451,7 +465,17 @@ impl Driver {
                 // Lost by our reckoning (validity ran out, a renewal found
                 // it gone), yet the key may still be ours on the server:
                 // ask Redis, with the token.
-                self.send_token_release();
+                if let Some(removed) = self.released_by_token {
+                    // An earlier release of this hold already removed it by
+                    // token (every level of a reentrant hold at once).
+                    drop(done.send(Ok(removed)));
+                    return;
+                }
+                let rounds = match &self.token_release {
+                    Some(t) if t.rounds > 1 => usize::MAX,
+                    _ => 1,
+                };
+                self.send_token_release(rounds, 0);
                 self.tally = Some(TokenReleaseTally {
                     done,
                     removed: false,
@@ -518,8 +542,11 @@ impl Driver {
                     .as_ref()
                     .is_some_and(|t| t.after_unknown_attempt)
                 {
-                    // Before the machine's retry under the same token.
-                    self.send_token_release();
+                    // Before the machine's retry under the same token; one
+                    // round only (an unanswered attempt adds one level at
+                    // most), so that no later round can remove a level
+                    // the retry is granted.
+                    self.send_token_release(1, UNDO_RETRIES);
                 }
                 if let Some(error) = failure.permanent {
                     // No retry can mend it: end the acquire now. The machine
@@ -544,13 +571,13 @@ impl Driver {
     }
 
     /// Send the token release to every node.
-    fn send_token_release(&mut self) {
+    fn send_token_release(&mut self, rounds: usize, retries: usize) {
         let Some(release) = &self.token_release else {
             return;
         };
-        let (command, rounds) = (release.command.clone(), release.rounds);
+        let command = release.command.clone();
         for node in 0..self.answered.len() {
-            self.send_token_request(node, command.clone(), rounds);
+            self.send_token_request(node, command.clone(), rounds, retries);
         }
     }
 
@@ -559,12 +586,27 @@ impl Driver {
         node: usize,
         command: lockwright_core::keyspace::Command,
         rounds_left: usize,
+        retries_left: usize,
+    ) {
+        self.send_token_request_as(node, command, rounds_left, retries_left, true);
+    }
+
+    fn send_token_request_as(
+        &mut self,
+        node: usize,
+        command: lockwright_core::keyspace::Command,
+        rounds_left: usize,
+        retries_left: usize,
+        first: bool,
     ) {
         let id = self.next_token_id;
         self.next_token_id = self.next_token_id.wrapping_add(1);
+        let Ok(node_id) = u8::try_from(node) else {
+            return;
+        };
         let request = Request {
             id: lockwright_core::RequestId(id),
-            node: lockwright_core::NodeId(u8::try_from(node).unwrap_or(u8::MAX)),
+            node: lockwright_core::NodeId(node_id),
             command,
         };
         if self.io.send(request) {
@@ -572,6 +614,8 @@ impl Driver {
                 id,
                 node,
                 rounds_left,
+                retries_left,
+                first,
             });
         }
     }
@@ -583,8 +627,19 @@ impl Driver {
             return;
         };
         let request = self.token_requests.swap_remove(at);
-        match (&outcome, failure) {
-            (_, Some(failure)) => {
+        let command = self.token_release.as_ref().map(|t| t.command.clone());
+        match (&outcome, failure, command) {
+            (_, Some(_), Some(command)) if request.retries_left > 0 => {
+                self.send_token_request_as(
+                    request.node,
+                    command,
+                    request.rounds_left,
+                    request.retries_left - 1,
+                    false,
+                );
+                return;
+            }
+            (_, Some(failure), _) => {
                 tracing::warn!(
                     problem = %failure.text,
                     "could not remove a hold by its token; its TTL ends it"
@@ -593,22 +648,28 @@ impl Driver {
                     tally.unknown = Some(failure.text);
                 }
             }
-            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None)
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None, Some(command))
                 if request.rounds_left > 1 =>
             {
-                if let Some(release) = &self.token_release {
-                    let command = release.command.clone();
-                    self.send_token_request(request.node, command, request.rounds_left - 1);
-                }
+                self.send_token_request(request.node, command, request.rounds_left - 1, 0);
                 return;
             }
-            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(1)), None) => {
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None, _)
+                if self.token_release.as_ref().is_some_and(|t| t.rounds > 1) =>
+            {
+                // Levels of ours are left (an undo's single round): the
+                // machine's last release takes them off.
+                if let Some(tally) = &mut self.tally {
+                    tally.unknown = Some("levels of ours are left".to_owned());
+                }
+            }
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(1)), None, _) => {
                 tracing::info!("removed a hold by its token");
                 if let Some(tally) = &mut self.tally {
                     tally.removed = true;
                 }
             }
-            (Outcome::Reply(lockwright_core::keyspace::Reply::Error(e)), None) => {
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Error(e)), None, _) => {
                 if let Some(tally) = &mut self.tally {
                     tally.unknown = Some(e.clone());
                 }
@@ -624,6 +685,9 @@ impl Driver {
                     }),
                     _ => Ok(tally.removed),
                 };
+                if let Ok(removed) = result {
+                    self.released_by_token = Some(removed);
+                }
                 drop(tally.done.send(result));
             }
         }

@@ -57,9 +57,8 @@ async fn release_after_local_expiry_takes_every_reentrant_level_off() {
 }
 
 /// A renewing guard whose renewals run but whose replies are lost (an
-/// asymmetric fault): the guard reports itself lost, `release()` answers
-/// `Ok(false)` at once although Redis said nothing, and the key, refreshed
-/// by the last renewal, stays on the server for up to a TTL.
+/// asymmetric fault): the guard reports itself lost, and `release()` does
+/// not answer "gone" unless the key is gone: it releases by token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_after_loss_by_unanswered_renewals_is_not_known_gone() {
     let Some(redis) = redis_or_skip("release after loss, lost replies") else {
@@ -90,8 +89,8 @@ async fn release_after_loss_by_unanswered_renewals_is_not_known_gone() {
 }
 
 /// An extend whose request gets no reply and whose wait outlives the lease
-/// is reported `Lost`, not `OutcomeUnknown`; the extend then runs once the
-/// server resumes, and the key stands for a new TTL.
+/// is an unknown outcome, not a loss (the extend may have run and the key
+/// then stands for a new TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_extend_past_validity_is_unknown_not_lost() {
     let Some(redis) = redis_or_skip("unanswered extend past validity") else {
@@ -137,8 +136,8 @@ async fn an_unanswered_extend_past_validity_is_unknown_not_lost() {
 }
 
 /// An acquire future dropped (here by `tokio::time::timeout`) after a grant
-/// request that ran without a reply: no undo runs, and under `setnx-del`
-/// (no TTL) the key with our token stays for ever.
+/// request that ran without a reply: the undo still runs (in the
+/// background), so no key of ours stays (under `setnx-del`, for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_acquire_after_an_unanswered_grant_leaves_no_hold() {
     let Some(redis) = redis_or_skip("cancelled acquire, lost reply") else {
@@ -180,8 +179,8 @@ async fn a_cancelled_acquire_after_an_unanswered_grant_leaves_no_hold() {
 }
 
 /// `acquire()` without a deadline, after one grant ran without a reply:
-/// the machine keeps retrying against its own token and, under
-/// `setnx-del`, never gets the free lock, even after the fault is gone.
+/// the undo runs before the machine's retry under the same token, so the
+/// acquire gets the free lock once the fault is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_does_not_wait_for_its_own_unanswered_grant() {
     let Some(redis) = redis_or_skip("self-deadlock after lost reply") else {
