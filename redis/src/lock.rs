@@ -1009,7 +1009,8 @@ impl LockGuard {
     ///
     /// A hold already lost by this process' reckoning (its validity ran
     /// out, a renewal found it gone) is still released by its owner token,
-    /// so the answer is Redis' and no key of ours outlives the guard; only
+    /// so the answer is Redis' and, when Redis answers, no key of ours
+    /// outlives the guard; only
     /// the protocols with nothing on the server that names the owner
     /// (`setnx-getset`, the ZSET and WATCH semaphores) answer
     /// [`Error::Lost`] instead.
