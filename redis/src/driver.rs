@@ -93,12 +93,12 @@ pub(crate) struct NodeSettings {
 }
 
 /// How to remove, with the owner token alone, a hold the machine does not
-/// (or no longer) knows of: the command for every node, and how often to
+/// (or no longer) knows of: the command for every node, and whether to
 /// repeat it while it answers `0` (a reentrant count above one).
 #[derive(Clone, Debug)]
 pub(crate) struct TokenRelease {
     pub(crate) command: lockwright_core::keyspace::Command,
-    pub(crate) rounds: usize,
+    pub(crate) repeat_while_zero: bool,
     /// Also after an acquire request without a reply: the machine retries
     /// under the same token and would otherwise wait for its own hold.
     /// (RedLock and the semaphores undo such attempts themselves.)
@@ -472,7 +472,7 @@ impl Driver {
                     return;
                 }
                 let rounds = match &self.token_release {
-                    Some(t) if t.rounds > 1 => usize::MAX,
+                    Some(t) if t.repeat_while_zero => usize::MAX,
                     _ => 1,
                 };
                 self.send_token_release(rounds, 0);
@@ -577,21 +577,11 @@ impl Driver {
         };
         let command = release.command.clone();
         for node in 0..self.answered.len() {
-            self.send_token_request(node, command.clone(), rounds, retries);
+            self.send_token_request(node, command.clone(), rounds, retries, true);
         }
     }
 
     fn send_token_request(
-        &mut self,
-        node: usize,
-        command: lockwright_core::keyspace::Command,
-        rounds_left: usize,
-        retries_left: usize,
-    ) {
-        self.send_token_request_as(node, command, rounds_left, retries_left, true);
-    }
-
-    fn send_token_request_as(
         &mut self,
         node: usize,
         command: lockwright_core::keyspace::Command,
@@ -630,7 +620,7 @@ impl Driver {
         let command = self.token_release.as_ref().map(|t| t.command.clone());
         match (&outcome, failure, command) {
             (_, Some(_), Some(command)) if request.retries_left > 0 => {
-                self.send_token_request_as(
+                self.send_token_request(
                     request.node,
                     command,
                     request.rounds_left,
@@ -651,11 +641,14 @@ impl Driver {
             (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None, Some(command))
                 if request.rounds_left > 1 =>
             {
-                self.send_token_request(request.node, command, request.rounds_left - 1, 0);
+                self.send_token_request(request.node, command, request.rounds_left - 1, 0, true);
                 return;
             }
             (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None, _)
-                if self.token_release.as_ref().is_some_and(|t| t.rounds > 1) =>
+                if self
+                    .token_release
+                    .as_ref()
+                    .is_some_and(|t| t.repeat_while_zero) =>
             {
                 // Levels of ours are left (an undo's single round): the
                 // machine's last release takes them off.
@@ -764,13 +757,9 @@ impl Driver {
                 // No reply: the lock script may have run (the machine's last
                 // release then takes that level off as well). Otherwise the
                 // hold was found gone (`Lost` came first).
-                let error = match (self.unanswered.take(), self.denial()) {
-                    (Some(reason), _) => Error::OutcomeUnknown {
-                        operation: Operation::Reenter,
-                        reason,
-                    },
-                    (None, Err(e)) => e,
-                    (None, Ok(_)) => Error::Lost,
+                let error = match self.unless_unanswered(Operation::Reenter, ()) {
+                    Err(unknown) => unknown,
+                    Ok(()) => self.denial().err().unwrap_or(Error::Lost),
                 };
                 drop(done.send(Err(error)));
             }

@@ -18,11 +18,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
-/// At most this many unlock scripts clean up after a reentrant acquire that
-/// ended without a hold. Each unanswered lock script may have added one to
-/// our count; past this bound the TTL removes the rest.
-const UNDO_ROUNDS: usize = 8;
-
 /// How a [`Lock`] or [`Semaphore`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LockOptions {
@@ -172,6 +167,16 @@ fn is_transient(e: &Error) -> bool {
 }
 
 /// The name of the core's key `key` in Redis (renamed with exact keys).
+/// The key a protocol's release script removes our hold from, and whose
+/// `:released` channel it publishes on: a lease semaphore's permits, the
+/// lock key otherwise.
+fn released_key(protocol: ProtocolId, config: &Config) -> String {
+    match protocol {
+        ProtocolId::LeaseSemaphore => config.key_with("permits"),
+        _ => config.key(),
+    }
+}
+
 fn redis_key(settings: &NodeSettings, key: &str) -> String {
     match &settings.keys {
         Some(keys) => keys.key(key),
@@ -249,11 +254,7 @@ impl Shared {
         };
         let notices = match (options.notify, nodes.hub(0)) {
             (true, Some(hub)) => {
-                // The key the release script removes from, and publishes on.
-                let released = match options.protocol {
-                    ProtocolId::LeaseSemaphore => config.key_with("permits"),
-                    _ => config.key(),
-                };
+                let released = released_key(options.protocol, &config);
                 let channel = format!("{}:released", redis_key(&settings, &released));
                 Some(Notices::new(hub, channel))
             }
@@ -425,7 +426,7 @@ impl Shared {
                 seed,
                 ..self.config.clone()
             };
-            let token_copy = token.clone();
+            let token_release = self.token_release(&token);
             let machine = build_machine(self.protocol, &config, token)?;
             // The acquire runs in this future. Dropping the future part-way
             // drops `driver`, which then finishes in a task of its own: it
@@ -435,7 +436,7 @@ impl Shared {
                 &self.routes,
                 &self.settings,
                 span.clone(),
-                self.token_release(&token_copy),
+                token_release,
             );
             let (done, mut result) = oneshot::channel();
             driver.apply(Op::Acquire { how, done });
@@ -472,16 +473,16 @@ impl Shared {
             keys: vec![self.config.key()],
             args: release_args(vec![token.0.clone()], notify),
         };
-        let (command, rounds, after_unknown_attempt) = match self.protocol {
+        let (command, repeat_while_zero, after_unknown_attempt) = match self.protocol {
             ProtocolId::SetPxLua
             | ProtocolId::SetPxGetDel
             | ProtocolId::SetPxWatch
             | ProtocolId::Fenced
             | ProtocolId::SetnxDel
-            | ProtocolId::SetnxExpire => (compare_and_delete(), 1, true),
+            | ProtocolId::SetnxExpire => (compare_and_delete(), false, true),
             // The machine undoes an unanswered round on every master itself.
-            ProtocolId::Redlock => (compare_and_delete(), 1, false),
-            // Each unanswered lock script may have added one to our count.
+            ProtocolId::Redlock => (compare_and_delete(), false, false),
+            // A lost hold's levels all go: unlock while levels are left.
             ProtocolId::Reentrant => (
                 Command::Eval {
                     script: Script::ReentrantUnlock,
@@ -491,23 +492,23 @@ impl Shared {
                         notify,
                     ),
                 },
-                UNDO_ROUNDS,
+                true,
                 true,
             ),
             ProtocolId::LeaseSemaphore => (
                 Command::Eval {
                     script: Script::LeaseRelease,
-                    keys: vec![self.config.key_with("permits")],
+                    keys: vec![released_key(self.protocol, &self.config)],
                     args: release_args(vec![token.0.clone()], notify),
                 },
-                1,
+                false,
                 false,
             ),
             _ => return None,
         };
         Some(TokenRelease {
             command,
-            rounds,
+            repeat_while_zero,
             after_unknown_attempt,
         })
     }
