@@ -41,7 +41,6 @@ use lockwright_core::keyspace::{Command, ConnId, Keyspace, Reply, SetCondition, 
 use lockwright_core::locks::redlock::{decide, Decision, Redlock};
 use lockwright_core::{Acquire, Config, Event, Millis, Outcome, Protocol, Request, Token};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// The machine under test, its masters and the requests in flight.
@@ -84,29 +83,6 @@ fn node_arg(word: &str) -> Result<usize, String> {
 
 fn fmt_command(command: &Command) -> String {
     match command {
-        Command::Set {
-            key,
-            value,
-            condition,
-            expiry,
-            get,
-        } => {
-            let mut s = format!("SET {key} {value}");
-            match condition {
-                SetCondition::Always => {}
-                SetCondition::Nx => s.push_str(" NX"),
-                SetCondition::Xx => s.push_str(" XX"),
-            }
-            match expiry {
-                SetExpiry::None => {}
-                SetExpiry::Px(ms) => write!(s, " PX {ms}").unwrap(),
-                SetExpiry::PxAt(ms) => write!(s, " PXAT {ms}").unwrap(),
-            }
-            if *get {
-                s.push_str(" GET");
-            }
-            s
-        }
         Command::Eval { script, keys, args } => {
             format!(
                 "EVAL {} {} {}",
@@ -115,8 +91,9 @@ fn fmt_command(command: &Command) -> String {
                 args.join(" ")
             )
         }
-        Command::HIncrBy { key, field, by } => format!("HINCRBY {key} {field} {by}"),
-        Command::Del { keys } => format!("DEL {}", keys.join(" ")),
+        Command::Set { .. } | Command::HIncrBy { .. } | Command::Del { .. } => {
+            command.argv().unwrap_or_default().join(" ")
+        }
         other => format!("{other:?}"),
     }
 }

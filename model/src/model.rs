@@ -1111,41 +1111,15 @@ fn same_data(a: &Keyspace, b: &Keyspace) -> bool {
 /// A short rendering of a command, as `redis-cli` would show it.
 pub fn command_text(c: &Command) -> String {
     match c {
-        Command::Set {
-            key,
-            value,
-            condition,
-            expiry,
-            get,
-        } => {
-            let mut s = format!("SET {key} {value}");
-            match condition {
-                lockwright_core::keyspace::SetCondition::Nx => s.push_str(" NX"),
-                lockwright_core::keyspace::SetCondition::Xx => s.push_str(" XX"),
-                lockwright_core::keyspace::SetCondition::Always => {}
-            }
-            match expiry {
-                lockwright_core::keyspace::SetExpiry::Px(ms) => {
-                    let _ = write!(s, " PX {ms}");
-                }
-                lockwright_core::keyspace::SetExpiry::PxAt(ms) => {
-                    let _ = write!(s, " PXAT {ms}");
-                }
-                lockwright_core::keyspace::SetExpiry::None => {}
-            }
-            if *get {
-                s.push_str(" GET");
-            }
-            s
-        }
-        Command::SetNx { key, value } => format!("SETNX {key} {value}"),
-        Command::Get { key } => format!("GET {key}"),
-        Command::GetSet { key, value } => format!("GETSET {key} {value}"),
-        Command::Del { keys } => format!("DEL {}", keys.join(" ")),
-        Command::Expire { key, seconds } => format!("EXPIRE {key} {seconds}"),
-        Command::PExpire { key, millis } => format!("PEXPIRE {key} {millis}"),
-        Command::Ttl { key } => format!("TTL {key}"),
-        Command::Watch { keys } => format!("WATCH {}", keys.join(" ")),
+        Command::Set { .. }
+        | Command::SetNx { .. }
+        | Command::Get { .. }
+        | Command::GetSet { .. }
+        | Command::Del { .. }
+        | Command::Expire { .. }
+        | Command::PExpire { .. }
+        | Command::Ttl { .. }
+        | Command::Watch { .. } => c.argv().unwrap_or_default().join(" "),
         Command::Transaction(cmds) => format!(
             "MULTI; {}; EXEC",
             cmds.iter().map(command_text).collect::<Vec<_>>().join("; ")
