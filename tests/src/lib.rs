@@ -392,21 +392,35 @@ pub async fn try_raw<T: redis::FromRedisValue>(
     cmd.query_async(conn).await.map_err(|e| e.to_string())
 }
 
-/// A TCP relay on a loopback port in front of a server that loses the
-/// replies of chosen connections: once a connection has sent a request
-/// containing the armed needle, the server still receives and runs
-/// everything that connection sends, but nothing it answers on that
-/// connection comes back. Other connections pass untouched. The relay's
-/// tasks end with the runtime that started it.
-#[derive(Debug)]
-pub struct ReplyLoss {
-    port: u16,
-    needle: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+/// What a [`Relay`] does with a connection, from the request that decided
+/// it on (a later decision other than `Pass` replaces it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Requests and replies go through.
+    Pass,
+    /// Requests reach the server and run; no reply comes back.
+    LoseReplies,
+    /// Requests never reach the server (and so nothing comes back).
+    DropRequests,
 }
 
-impl ReplyLoss {
+/// A TCP relay on a loopback port in front of a server. Each chunk a client
+/// sends is shown to `decide` first; its fate then holds for the rest of
+/// that connection. Replies that pass are delayed by `reply_delay` (a
+/// slower network). The relay's tasks end with the runtime that started
+/// it.
+#[derive(Debug)]
+pub struct Relay {
+    port: u16,
+}
+
+impl Relay {
     /// Listen on a free loopback port and relay to `upstream_port`.
-    pub async fn start(upstream_port: u16) -> ReplyLoss {
+    pub async fn start(
+        upstream_port: u16,
+        reply_delay: Duration,
+        decide: impl Fn(&[u8]) -> Fate + Send + Sync + 'static,
+    ) -> Relay {
         let listener = match tokio::net::TcpListener::bind(("127.0.0.1", 0)).await {
             Ok(l) => l,
             Err(e) => panic!("relay: cannot bind a loopback port: {e}"),
@@ -415,25 +429,17 @@ impl ReplyLoss {
             Ok(a) => a.port(),
             Err(e) => panic!("relay: {e}"),
         };
-        let needle = std::sync::Arc::new(std::sync::Mutex::new(None::<Vec<u8>>));
-        let armed = needle.clone();
+        let decide = std::sync::Arc::new(decide);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
                 else {
                     continue;
                 };
-                tokio::spawn(relay_one(client, server, armed.clone()));
+                tokio::spawn(relay_one(client, server, decide.clone(), reply_delay));
             }
         });
-        ReplyLoss { port, needle }
-    }
-
-    /// From now on, a connection that sends `needle` loses every reply.
-    pub fn arm(&self, needle: &str) {
-        if let Ok(mut n) = self.needle.lock() {
-            *n = Some(needle.as_bytes().to_vec());
-        }
+        Relay { port }
     }
 
     /// A client of the server through the relay.
@@ -448,14 +454,15 @@ impl ReplyLoss {
 async fn relay_one(
     client: tokio::net::TcpStream,
     server: tokio::net::TcpStream,
-    needle: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    decide: std::sync::Arc<impl Fn(&[u8]) -> Fate + Send + Sync + 'static>,
+    reply_delay: Duration,
 ) {
-    use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let lossy = std::sync::Arc::new(AtomicBool::new(false));
+    let fate = std::sync::Arc::new(std::sync::Mutex::new(Fate::Pass));
+    let current = |fate: &std::sync::Mutex<Fate>| *fate.lock().unwrap_or_else(|e| e.into_inner());
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
-    let marks = lossy.clone();
+    let decided = fate.clone();
     let up = async move {
         let mut buf = vec![0u8; 64 * 1024];
         while let Ok(n) = client_read.read(&mut buf).await {
@@ -463,11 +470,12 @@ async fn relay_one(
                 break;
             }
             let chunk = &buf[..n];
-            let hit = needle.lock().ok().and_then(|n| n.clone()).is_some_and(|n| {
-                !n.is_empty() && chunk.windows(n.len()).any(|w| w == n.as_slice())
-            });
-            if hit {
-                marks.store(true, Ordering::SeqCst);
+            let now = decide(chunk);
+            if now != Fate::Pass {
+                *decided.lock().unwrap_or_else(|e| e.into_inner()) = now;
+            }
+            if current(&decided) == Fate::DropRequests {
+                continue;
             }
             if server_write.write_all(chunk).await.is_err() {
                 break;
@@ -480,8 +488,11 @@ async fn relay_one(
             if n == 0 {
                 break;
             }
-            if lossy.load(Ordering::SeqCst) {
+            if current(&fate) != Fate::Pass {
                 continue;
+            }
+            if !reply_delay.is_zero() {
+                tokio::time::sleep(reply_delay).await;
             }
             if client_write.write_all(&buf[..n]).await.is_err() {
                 break;
@@ -489,6 +500,49 @@ async fn relay_one(
         }
     };
     tokio::join!(up, down);
+}
+
+/// A [`Relay`] that loses the replies of chosen connections: once a
+/// connection has sent a request containing the armed needle, the server
+/// still receives and runs everything that connection sends, but nothing
+/// it answers on that connection comes back. Other connections pass
+/// untouched.
+#[derive(Debug)]
+pub struct ReplyLoss {
+    relay: Relay,
+    needle: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+}
+
+impl ReplyLoss {
+    /// Listen on a free loopback port and relay to `upstream_port`.
+    pub async fn start(upstream_port: u16) -> ReplyLoss {
+        let needle = std::sync::Arc::new(std::sync::Mutex::new(None::<Vec<u8>>));
+        let armed = needle.clone();
+        let relay = Relay::start(upstream_port, Duration::ZERO, move |chunk| {
+            let hit = armed.lock().ok().and_then(|n| n.clone()).is_some_and(|n| {
+                !n.is_empty() && chunk.windows(n.len()).any(|w| w == n.as_slice())
+            });
+            if hit {
+                Fate::LoseReplies
+            } else {
+                Fate::Pass
+            }
+        })
+        .await;
+        ReplyLoss { relay, needle }
+    }
+
+    /// From now on, a connection that sends `needle` loses every reply.
+    pub fn arm(&self, needle: &str) {
+        if let Ok(mut n) = self.needle.lock() {
+            *n = Some(needle.as_bytes().to_vec());
+        }
+    }
+
+    /// A client of the server through the relay.
+    pub fn client(&self) -> redis::Client {
+        self.relay.client()
+    }
 }
 
 /// A hang guard, not a speed check: an acquire that "waits forever" fails

@@ -117,28 +117,15 @@ async fn a_lock_follows_its_slot_to_a_new_master() {
         .expect("three masters");
     let mut target = to.conn().await;
     let to_id: String = raw(&mut target, redis::cmd("CLUSTER").arg("MYID")).await;
-    let _: () = raw(
-        &mut target,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("NODE")
-            .arg(&to_id),
-    )
-    .await;
+    let mut set_slot = redis::cmd("CLUSTER");
+    set_slot.arg("SETSLOT").arg(slot).arg("NODE").arg(&to_id);
+    let _: () = raw(&mut target, &mut set_slot.clone()).await;
     let _: String = raw(&mut target, redis::cmd("CLUSTER").arg("BUMPEPOCH")).await;
+    // The others are told too, best effort.
     for node in &cluster.nodes {
         if node.port() != to.port() {
             let mut conn = node.conn().await;
-            let _: Result<(), String> = try_raw(
-                &mut conn,
-                redis::cmd("CLUSTER")
-                    .arg("SETSLOT")
-                    .arg(slot)
-                    .arg("NODE")
-                    .arg(&to_id),
-            )
-            .await;
+            let _: Result<(), String> = try_raw(&mut conn, &mut set_slot.clone()).await;
         }
     }
     // The old owner now redirects.

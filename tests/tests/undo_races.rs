@@ -7,18 +7,10 @@
 use lockwright_core::keyspace::Script;
 use lockwright_core::ProtocolId;
 use lockwright_redis::{Lock, LockOptions};
-use lockwright_tests::redis_or_skip;
+use lockwright_tests::{redis_or_skip, Fate, Relay};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Fate {
-    Pass,
-    LoseReply,
-    Drop,
-}
 
 struct Plan {
     locks: AtomicUsize,
@@ -44,66 +36,6 @@ impl Plan {
     }
 }
 
-async fn relay(upstream: u16, plan: Arc<Plan>) -> u16 {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
-                continue;
-            };
-            let plan = plan.clone();
-            tokio::spawn(async move {
-                let state = Arc::new(std::sync::Mutex::new(Fate::Pass));
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let up_state = state.clone();
-                let up = async move {
-                    let mut buf = vec![0u8; 65536];
-                    while let Ok(n) = cr.read(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        let fate = plan.decide(&buf[..n]);
-                        {
-                            let mut s = up_state.lock().unwrap();
-                            if fate != Fate::Pass {
-                                *s = fate;
-                            }
-                            if *s == Fate::Drop {
-                                continue;
-                            }
-                        }
-                        if sw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                };
-                let down = async move {
-                    let mut buf = vec![0u8; 65536];
-                    while let Ok(n) = sr.read(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        if *state.lock().unwrap() != Fate::Pass {
-                            continue;
-                        }
-                        // A network with a 5 ms round trip.
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        if cw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                };
-                tokio::join!(up, down);
-            });
-        }
-    });
-    port
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_granted_reentrant_hold_survives_the_undo_of_earlier_attempts() {
     let Some(redis) = redis_or_skip("reentrant undo after grant") else {
@@ -122,11 +54,16 @@ async fn a_granted_reentrant_hold_survives_the_undo_of_earlier_attempts() {
         unlocks: AtomicUsize::new(0),
         lock_needle: Script::ReentrantLock.sha1(),
         unlock_needle: Script::ReentrantUnlock.sha1(),
-        lock_fates: vec![LoseReply, LoseReply, LoseReply],
-        unlock_fates: vec![Pass, Drop],
+        lock_fates: vec![LoseReplies, LoseReplies, LoseReplies],
+        unlock_fates: vec![Pass, DropRequests],
     });
-    let port = relay(redis.port(), plan.clone()).await;
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    // A network with a 5 ms round trip.
+    let relay = Relay::start(redis.port(), Duration::from_millis(5), {
+        let plan = plan.clone();
+        move |chunk| plan.decide(chunk)
+    })
+    .await;
+    let client = relay.client();
     let options = LockOptions {
         auto_renew: false,
         notify: false,
@@ -179,11 +116,16 @@ async fn an_unanswered_undo_is_sent_again_and_does_not_block_the_next_attempt() 
         unlocks: AtomicUsize::new(0),
         lock_needle: "SETNX",
         unlock_needle: Script::CompareAndDelete.sha1(),
-        lock_fates: vec![LoseReply],
-        unlock_fates: vec![Drop],
+        lock_fates: vec![LoseReplies],
+        unlock_fates: vec![DropRequests],
     });
-    let port = relay(redis.port(), plan.clone()).await;
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    // A network with a 5 ms round trip.
+    let relay = Relay::start(redis.port(), Duration::from_millis(5), {
+        let plan = plan.clone();
+        move |chunk| plan.decide(chunk)
+    })
+    .await;
+    let client = relay.client();
     let options = LockOptions {
         auto_renew: false,
         notify: false,
