@@ -356,7 +356,8 @@ impl Report {
             command_output("redis-server", &["--version"]),
             locked_versions("redis").first().cloned().unwrap_or_default(),
             locked_versions("rslock").join(", "),
-            locked_versions("redis").get(1).cloned().unwrap_or_default(),
+            // One redis-rs for all when the lock file holds a single one.
+            locked_versions("redis").last().cloned().unwrap_or_default(),
             locked_versions("tokio").join(", "),
             locked_versions("stateright").join(", "),
             env!("CARGO_PKG_VERSION"),
