@@ -1,5 +1,8 @@
-//! A node's fake clock: a libfaketime offset file in a host directory that
-//! is bind-mounted into the container.
+//! A node's fake clock: a libfaketime file in a host directory that is
+//! bind-mounted into the container. It holds either an offset from the real
+//! time (the clock runs) or, for a replay, an absolute reading in
+//! milliseconds since the epoch (the wall clock stands still where the
+//! harness puts it).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,11 +23,25 @@ pub(crate) const OFFSET_FILE: &str = "offset";
 pub struct FakeClock {
     dir: PathBuf,
     offset_ms: i64,
+    /// `Some(reading)`: a frozen clock (see [`FakeClock::frozen`]).
+    frozen_ms: Option<u64>,
 }
 
 impl FakeClock {
     /// Creates a fresh directory under the system temp dir holding `+0.000`.
     pub fn new() -> Result<Self, ChaosError> {
+        Self::create(None)
+    }
+
+    /// A frozen clock reading `0.000`: the wall clock of a node started with
+    /// [`frozen_env`] stands at this many milliseconds since the epoch until
+    /// [`set_frozen_ms`](Self::set_frozen_ms) moves it (its monotonic clock
+    /// keeps running, so timers and replication work as usual).
+    pub fn frozen() -> Result<Self, ChaosError> {
+        Self::create(Some(0))
+    }
+
+    fn create(frozen_ms: Option<u64>) -> Result<Self, ChaosError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -36,7 +53,11 @@ impl FakeClock {
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir)?;
-        let clock = Self { dir, offset_ms: 0 };
+        let clock = Self {
+            dir,
+            offset_ms: 0,
+            frozen_ms,
+        };
         clock.write()?;
         Ok(clock)
     }
@@ -57,6 +78,19 @@ impl FakeClock {
         self.write()
     }
 
+    /// The reading of a frozen clock (`None` for an offset clock).
+    pub fn frozen_ms(&self) -> Option<u64> {
+        self.frozen_ms
+    }
+
+    /// Sets a frozen clock's reading, in milliseconds since the epoch; an
+    /// offset clock becomes frozen (only meaningful for a node started with
+    /// [`frozen_env`]).
+    pub fn set_frozen_ms(&mut self, ms: u64) -> Result<(), ChaosError> {
+        self.frozen_ms = Some(ms);
+        self.write()
+    }
+
     /// Moves the clock forward by `ms` from where it is now.
     pub fn jump_ms(&mut self, ms: i64) -> Result<(), ChaosError> {
         self.set_offset_ms(self.offset_ms.saturating_add(ms))
@@ -65,7 +99,11 @@ impl FakeClock {
     fn write(&self) -> Result<(), ChaosError> {
         // Write then rename, so that libfaketime never reads a half-written file.
         let temporary = self.dir.join(format!("{OFFSET_FILE}.tmp"));
-        std::fs::write(&temporary, format!("{}\n", faketime_offset(self.offset_ms)))?;
+        let text = match self.frozen_ms {
+            Some(ms) => faketime_absolute(ms),
+            None => faketime_offset(self.offset_ms),
+        };
+        std::fs::write(&temporary, format!("{text}\n"))?;
         std::fs::rename(&temporary, self.dir.join(OFFSET_FILE))?;
         Ok(())
     }
@@ -85,6 +123,29 @@ pub(crate) fn faketime_offset(offset_ms: i64) -> String {
     format!("{sign}{}.{:03}", magnitude / 1000, magnitude % 1000)
 }
 
+/// An absolute reading in the `%s` format (seconds since the epoch) with
+/// milliseconds: libfaketime parses the fraction after the format and
+/// freezes the clock there.
+///
+/// libfaketime turns the fraction into nanoseconds through a `double` and
+/// truncates, so `.021` would read as 20.999999 ms and Redis would see
+/// millisecond 20. Half a microsecond more keeps every reading on its
+/// millisecond and on its whole microsecond (`TIME` still answers
+/// `…021000`).
+pub(crate) fn faketime_absolute(ms: u64) -> String {
+    format!("{}.{:03}0005", ms / 1000, ms % 1000)
+}
+
+/// The environment that makes libfaketime read a [`FakeClock::frozen`] file:
+/// absolute readings in seconds since the epoch, and the monotonic clock
+/// left alone.
+pub(crate) fn frozen_env() -> [(&'static str, &'static str); 2] {
+    [
+        ("FAKETIME_FMT", "%s"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +156,16 @@ mod tests {
         assert_eq!(faketime_offset(1_500), "+1.500");
         assert_eq!(faketime_offset(-2_007), "-2.007");
         assert_eq!(faketime_offset(i64::MIN), "-9223372036854775.808");
+    }
+
+    #[test]
+    fn frozen_readings_are_seconds_with_milliseconds() {
+        assert_eq!(faketime_absolute(0), "0.0000005");
+        assert_eq!(faketime_absolute(10_001), "10.0010005");
+        let mut clock = FakeClock::frozen().expect("temp dir");
+        clock.set_frozen_ms(42_250).expect("write");
+        let text = std::fs::read_to_string(clock.dir().join(OFFSET_FILE)).expect("read");
+        assert_eq!(text, "42.2500005\n");
     }
 
     #[test]

@@ -101,6 +101,7 @@ mod docker;
 pub mod driven;
 pub mod history;
 mod node;
+pub mod replay;
 pub mod report;
 
 use std::time::Duration;
@@ -150,6 +151,9 @@ pub enum ChaosError {
         /// How long.
         after: Duration,
     },
+    /// The model checker could not produce the counterexamples to replay.
+    #[error("model: {0}")]
+    Model(#[from] lockwright_model::docs::DocsError),
     /// A reply that the infrastructure did not expect.
     #[error("unexpected reply: {0}")]
     UnexpectedReply(String),

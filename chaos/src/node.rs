@@ -9,7 +9,7 @@ use testcontainers::core::{IntoContainerPort, Mount, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-use crate::clock::{FakeClock, OFFSET_FILE};
+use crate::clock::{frozen_env, FakeClock, OFFSET_FILE};
 use crate::docker::docker;
 use crate::{api_shim, ChaosError};
 
@@ -53,6 +53,10 @@ pub struct NodeOptions {
     pub startup_timeout: Duration,
     /// Extra `redis-server` arguments, appended after the defaults.
     pub extra_args: Vec<String>,
+    /// Start with a frozen wall clock at the epoch, moved only by
+    /// [`RedisNode::set_frozen_clock_ms`] (a replay sets each node's clock to
+    /// the model's). Otherwise the clock runs, offset from the real time.
+    pub frozen_clock: bool,
 }
 
 impl Default for NodeOptions {
@@ -63,6 +67,7 @@ impl Default for NodeOptions {
             tag: IMAGE_TAG.to_owned(),
             startup_timeout: Duration::from_secs(30),
             extra_args: Vec::new(),
+            frozen_clock: false,
         }
     }
 }
@@ -129,7 +134,11 @@ impl RedisNode {
     ) -> Result<Self, ChaosError> {
         api_shim::ensure()?;
         let host_port = free_port()?;
-        let clock = FakeClock::new()?;
+        let clock = if options.frozen_clock {
+            FakeClock::frozen()?
+        } else {
+            FakeClock::new()?
+        };
         let dir = clock.dir().to_string_lossy().into_owned();
         // testcontainers pulls only when creating the container answers 404
         // (no such image); the image is checked first so that it never tries.
@@ -140,7 +149,7 @@ impl RedisNode {
         {
             return Err(ChaosError::ImageMissing(image));
         }
-        let container = GenericImage::new(options.image.as_str(), options.tag.as_str())
+        let mut image = GenericImage::new(options.image.as_str(), options.tag.as_str())
             .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
             .with_cmd(options.redis_args())
             .with_container_name(name)
@@ -156,9 +165,13 @@ impl RedisNode {
             .with_mount(Mount::bind_mount(dir, FAKETIME_DIR))
             .with_mapped_port(host_port, REDIS_PORT.tcp())
             .with_startup_timeout(options.startup_timeout)
-            .with_label("org.lockwright.chaos", "node")
-            .start()
-            .await?;
+            .with_label("org.lockwright.chaos", "node");
+        if options.frozen_clock {
+            for (name, value) in frozen_env() {
+                image = image.with_env_var(name, value);
+            }
+        }
+        let container = image.start().await?;
         docker(&["network", "connect", peer_network, name]).await?;
         let node = Self {
             container,
@@ -352,6 +365,12 @@ impl RedisNode {
     /// the jump are expired on their next access.
     pub fn jump_clock(&mut self, ms: i64) -> Result<(), ChaosError> {
         self.clock.jump_ms(ms)
+    }
+
+    /// Sets a frozen clock's reading (milliseconds since the epoch): see
+    /// [`NodeOptions::frozen_clock`].
+    pub fn set_frozen_clock_ms(&mut self, ms: u64) -> Result<(), ChaosError> {
+        self.clock.set_frozen_ms(ms)
     }
 
     /// Sets this node's clock offset from the real time.

@@ -213,11 +213,14 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    fn now(&self, t: u64) -> Millis {
+    /// The node's clock reading at true time `t`.
+    pub fn now(&self, t: u64) -> Millis {
         Millis(t + self.offset)
     }
 
-    fn reachable(&self, t: u64) -> bool {
+    /// Does a request reach the node at true time `t` (it is neither cut
+    /// off nor down)?
+    pub fn reachable(&self, t: u64) -> bool {
         !self.cut && self.down_until.is_none_or(|u| t >= u)
     }
 }
@@ -383,6 +386,22 @@ impl LockModel {
 
     fn link(&self, client: u8, node: u8) -> usize {
         usize::from(client) * usize::from(self.cfg.nodes) + usize::from(node)
+    }
+
+    /// The link between `client` and `node` in `state`.
+    pub fn link_of<'s>(&self, state: &'s State, client: u8, node: u8) -> &'s Link {
+        &state.links[self.link(client, node)]
+    }
+
+    /// What `node` answers to the first request on `client`'s link in
+    /// `state`, as a [`Action::Deliver`] would compute it (`None` when no
+    /// request waits there). A replay compares real Redis' answer with it.
+    pub fn answer(&self, state: &State, client: u8, node: u8) -> Option<Outcome> {
+        self.link_of(state, client, node).requests.front()?;
+        let mut after = state.clone();
+        self.deliver(&mut after, client, node);
+        let link = &after.links[self.link(client, node)];
+        link.replies.back().map(|(_, outcome)| outcome.clone())
     }
 
     /// The initial state.
@@ -1051,10 +1070,8 @@ impl LockModel {
                 let Some(r) = l.requests.front() else {
                     return format!("n{node} runs c{client}'s request");
                 };
-                let mut after = state.clone();
-                self.deliver(&mut after, *client, *node);
-                let reply = match after.links[self.link(*client, *node)].replies.back() {
-                    Some((_, Outcome::Reply(reply))) => reply_text(reply),
+                let reply = match self.answer(state, *client, *node) {
+                    Some(Outcome::Reply(reply)) => reply_text(&reply),
                     _ => "no reply (unknown outcome)".to_owned(),
                 };
                 format!(

@@ -1,0 +1,827 @@
+//! Replay: a model counterexample executed on real Redis, action by action.
+//!
+//! The model's trace is a sequence of (state, action). The replay walks it
+//! with real servers (containers of the local image) standing in for the
+//! model's nodes, and requires at every step that Redis answers exactly what
+//! the model's keyspace answered and holds exactly the keys the model holds.
+//! When every step agrees, the counterexample is a real execution: the
+//! clients' beliefs, built from those very replies, are the model's, so the
+//! violation the checker found happens on real Redis.
+//!
+//! What is real and what the harness is:
+//!
+//! - **Requests** are the ones the core machines in the trace emitted,
+//!   sent by the adapter's own encoding ([`lockwright_redis::wire::execute`]:
+//!   `EVALSHA` with the `EVAL` fallback, `MULTI … EXEC` as one pipeline) on
+//!   one real connection per (client, node) pair, so WATCH state lives where
+//!   the model keeps it.
+//! - **Node time** is the model's: every node's wall clock is frozen by
+//!   libfaketime at the model's node clock, in milliseconds since the epoch,
+//!   and moved before each step ([`NodeOptions::frozen_clock`]). Keys expire
+//!   on the real server exactly when the model says; a clock jump moves the
+//!   same file.
+//! - **Node faults are real:** `restart` is SIGKILL and a start of the
+//!   container (empty; with AOF `fsync always` for `restart-persisted`; for
+//!   `restart-delayed` the container stays down until the model brings the
+//!   node back, and requests meanwhile really fail). `failover` uses a
+//!   second container fed by real replication: at the model's "replica
+//!   catches up" step it attaches to the master (`REPLICAOF`), syncs and
+//!   detaches again (`REPLICAOF NO ONE`), so it sees no write between those
+//!   steps; at "promoted" the clients' node becomes that container and the
+//!   old master is killed.
+//! - **The network is the harness:** a partitioned node's requests, and a
+//!   lost request, are not sent; a lost reply is read and thrown away; a
+//!   held-up message is sent when the model delivers it. Client faults
+//!   (pause, crash, skew) are the model's client machines taking no step or
+//!   reading the model's clocks; nothing real is needed for them.
+//!
+//! Keys are compared through a separate connection per node (`KEYS`, the
+//! value, `PEXPIRETIME`) right after each step that touches the node; a read
+//! deletes only keys that are already expired, as the model's own purge
+//! after each delivery does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use lockwright_core::keyspace::script::strip_script_location;
+use lockwright_core::keyspace::{Entry, Reply, Value};
+use lockwright_core::ProtocolId;
+use lockwright_core::{Millis, Outcome};
+use lockwright_model::docs::shortest_counterexamples;
+use lockwright_model::matrix::{self, Trace, Verdict as CheckVerdict};
+use lockwright_model::{Action, Fault, LockModel, PropertyId, State};
+use lockwright_redis::wire;
+use redis::aio::MultiplexedConnection;
+
+use crate::{ChaosError, Cluster, NodeOptions, Persistence, RedisNode};
+
+/// How long a replayed request may take before its outcome is unknown.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Deliberate faults in the harness, to show that a replay can fail (each
+/// is kept as a test). The default replays faithfully.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReplayOptions {
+    /// Move the node clocks to the model's (`false` leaves every node at
+    /// time 0, so nothing ever expires).
+    pub node_clocks: bool,
+    /// Carry out restarts and failovers on the containers (`false` skips
+    /// them, so the data survives).
+    pub node_faults: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            node_clocks: true,
+            node_faults: true,
+        }
+    }
+}
+
+/// How a replay ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every step agreed with real Redis.
+    Reproduced,
+    /// Real Redis disagreed with the model at this step.
+    Diverged {
+        /// Index of the step (0 is the first action).
+        step: usize,
+        /// The model's account of the action.
+        action: String,
+        /// What differed: the model's side, then Redis'.
+        what: String,
+    },
+}
+
+/// The result of one replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replay {
+    /// Actions in the trace.
+    pub steps: usize,
+    /// Requests sent to real Redis.
+    pub requests: usize,
+    /// Keyspace comparisons made.
+    pub comparisons: usize,
+    /// Container faults carried out (kills, starts, syncs, promotions).
+    pub node_faults: usize,
+    /// How it ended.
+    pub verdict: Verdict,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Reproduced => f.write_str("reproduced"),
+            Verdict::Diverged { step, action, what } => {
+                write!(f, "diverged at step {step} ({action}): {what}")
+            }
+        }
+    }
+}
+
+/// One violated cell of the matrix and its shortest counterexample.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The protocol.
+    pub protocol: ProtocolId,
+    /// The fault class.
+    pub fault: Fault,
+    /// The violated property.
+    pub property: PropertyId,
+    /// The model that produced the trace.
+    pub model: LockModel,
+    /// The shortest counterexample, as the docs show it.
+    pub trace: Trace,
+}
+
+/// The violated cells of one (protocol, fault) run with their shortest
+/// counterexamples (the same search the docs use), in property order.
+pub fn cases(protocol: ProtocolId, fault: Fault) -> Result<Vec<Case>, ChaosError> {
+    let run = matrix::check(protocol, fault, 1, false)
+        .map_err(lockwright_model::docs::DocsError::from)?;
+    let violated: Vec<PropertyId> = run
+        .cells
+        .iter()
+        .filter(|c| c.verdict == CheckVerdict::Violated)
+        .map(|c| c.property)
+        .collect();
+    let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
+        .map_err(lockwright_model::docs::DocsError::from)?;
+    let traces = shortest_counterexamples(&model, &violated)?;
+    Ok(traces
+        .into_iter()
+        .map(|(property, trace)| Case {
+            protocol,
+            fault,
+            property,
+            model: model.clone(),
+            trace,
+        })
+        .collect())
+}
+
+/// Every violated cell of the whole matrix with its shortest
+/// counterexample, computed on `threads` worker threads by the search the
+/// docs use ([`lockwright_model::docs::compute`]).
+pub fn all_cases(threads: usize) -> Result<Vec<Case>, ChaosError> {
+    let computed = lockwright_model::docs::compute(threads)?;
+    let mut out = Vec::new();
+    for ((protocol, fault), result) in computed.results {
+        if result.traces.is_empty() {
+            continue;
+        }
+        let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
+            .map_err(lockwright_model::docs::DocsError::from)?;
+        for (property, trace) in result.traces {
+            out.push(Case {
+                protocol,
+                fault,
+                property,
+                model: model.clone(),
+                trace,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The containers replays run on, started when first needed and reused
+/// (reset between replays). Dropping it removes them.
+#[derive(Debug, Default)]
+pub struct Bench {
+    plain: Option<Containers>,
+    aof: Option<Containers>,
+}
+
+/// One set of containers with the same options.
+#[derive(Debug)]
+struct Containers {
+    cluster: Cluster,
+    /// Killed and not started again.
+    down: Vec<bool>,
+    /// The clock reading last written, per container.
+    clock: Vec<Option<u64>>,
+}
+
+/// Containers in the plain set: three nodes (RedLock) and a replica.
+const PLAIN: usize = 4;
+/// Containers in the AOF set: three nodes.
+const AOF: usize = 3;
+/// Index of the replica container in the plain set.
+const REPLICA: usize = 3;
+
+impl Bench {
+    /// An empty bench; containers start on the first replay that needs them.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    async fn containers(
+        &mut self,
+        persistence: Persistence,
+    ) -> Result<&mut Containers, ChaosError> {
+        let (slot, count) = match persistence {
+            Persistence::None => (&mut self.plain, PLAIN),
+            Persistence::AofFsyncAlways => (&mut self.aof, AOF),
+        };
+        if slot.is_none() {
+            let options = NodeOptions {
+                frozen_clock: true,
+                ..NodeOptions::with_persistence(persistence)
+            };
+            let cluster = Cluster::start(count, &options).await?;
+            *slot = Some(Containers {
+                cluster,
+                down: vec![false; count],
+                clock: vec![None; count],
+            });
+        }
+        slot.as_mut()
+            .ok_or_else(|| ChaosError::UnexpectedReply("containers just started".into()))
+    }
+
+    /// Replays `trace`, which `model` produced, on real Redis.
+    ///
+    /// `Err` is a harness failure (Docker, a container that does not come
+    /// up, a trace the model did not produce); a disagreement between Redis
+    /// and the model is `Ok` with [`Verdict::Diverged`].
+    pub async fn replay(
+        &mut self,
+        model: &LockModel,
+        trace: &Trace,
+        options: ReplayOptions,
+    ) -> Result<Replay, ChaosError> {
+        let cfg = &model.cfg;
+        let persistence = if cfg.fault == Fault::RestartPersisted {
+            Persistence::AofFsyncAlways
+        } else {
+            Persistence::None
+        };
+        let nodes = usize::from(cfg.nodes);
+        let failover = cfg.fault == Fault::Failover;
+        let containers = self.containers(persistence).await?;
+        if nodes > containers.down.len() - usize::from(failover) {
+            return Err(ChaosError::UnexpectedReply(format!(
+                "a replay needs {nodes} nodes; the bench has {}",
+                containers.down.len()
+            )));
+        }
+        let mut run = Run {
+            model,
+            options,
+            containers,
+            slots: (0..nodes).collect(),
+            replica: failover.then_some(REPLICA),
+            conns: BTreeMap::new(),
+            admin: BTreeMap::new(),
+            report: Replay {
+                steps: trace.len().saturating_sub(1),
+                requests: 0,
+                comparisons: 0,
+                node_faults: 0,
+                verdict: Verdict::Reproduced,
+            },
+        };
+        run.reset(trace).await?;
+        let verdict = run.walk(trace).await?;
+        run.report.verdict = verdict;
+        Ok(run.report)
+    }
+}
+
+/// One replay in progress.
+struct Run<'a> {
+    model: &'a LockModel,
+    options: ReplayOptions,
+    containers: &'a mut Containers,
+    /// The container serving each model node.
+    slots: Vec<usize>,
+    /// The container standing in for node 0's replica (`failover`).
+    replica: Option<usize>,
+    /// One connection per (client, node) pair, opened when first used.
+    conns: BTreeMap<(u8, u8), MultiplexedConnection>,
+    /// One connection per container for setup and keyspace reads.
+    admin: BTreeMap<usize, MultiplexedConnection>,
+    report: Replay,
+}
+
+/// A disagreement found at one step: what the model said, what Redis did.
+type Mismatch = Option<String>;
+
+impl Run<'_> {
+    fn node(&self, container: usize) -> &RedisNode {
+        self.containers.cluster.node(container)
+    }
+
+    async fn admin(&mut self, container: usize) -> Result<&mut MultiplexedConnection, ChaosError> {
+        if !self.admin.contains_key(&container) {
+            let conn = self
+                .node(container)
+                .connect_with_timeout(REQUEST_TIMEOUT)
+                .await?;
+            self.admin.insert(container, conn);
+        }
+        self.admin
+            .get_mut(&container)
+            .ok_or_else(|| ChaosError::UnexpectedReply("admin connection".into()))
+    }
+
+    fn set_clock(&mut self, container: usize, ms: u64) -> Result<(), ChaosError> {
+        let ms = if self.options.node_clocks { ms } else { 0 };
+        if self.containers.clock[container] != Some(ms) {
+            self.containers
+                .cluster
+                .node_mut(container)
+                .set_frozen_clock_ms(ms)?;
+            self.containers.clock[container] = Some(ms);
+        }
+        Ok(())
+    }
+
+    /// Every node's (and the replica's) clock at the model's reading in `state`.
+    fn set_clocks(&mut self, state: &State) -> Result<(), ChaosError> {
+        for (n, node) in state.nodes.iter().enumerate() {
+            let ms = node.now(state.time).get();
+            self.set_clock(self.slots[n], ms)?;
+            if n == 0 {
+                if let Some(replica) = self.replica {
+                    self.set_clock(replica, ms)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn start(&mut self, container: usize) -> Result<(), ChaosError> {
+        self.node(container).restart().await?;
+        self.containers.down[container] = false;
+        self.report.node_faults += 1;
+        Ok(())
+    }
+
+    async fn kill(&mut self, container: usize) -> Result<(), ChaosError> {
+        self.node(container).kill().await?;
+        self.containers.down[container] = true;
+        self.admin.remove(&container);
+        self.report.node_faults += 1;
+        Ok(())
+    }
+
+    /// Every container this replay uses up, empty, detached, at time 0, and
+    /// loaded with the keys of the trace's first state.
+    async fn reset(&mut self, trace: &Trace) -> Result<(), ChaosError> {
+        let first = trace
+            .first()
+            .map(|(state, _)| state)
+            .ok_or_else(|| ChaosError::UnexpectedReply("an empty trace".into()))?;
+        let used: Vec<usize> = self.slots.iter().copied().chain(self.replica).collect();
+        for &container in &used {
+            if self.containers.down[container] {
+                self.node(container).restart().await?;
+                self.containers.down[container] = false;
+            }
+            self.set_clock(container, 0)?;
+            let conn = self.admin(container).await?;
+            let _: () = redis::cmd("REPLICAOF")
+                .arg("NO")
+                .arg("ONE")
+                .query_async(conn)
+                .await?;
+            let _: () = redis::cmd("FLUSHALL").query_async(conn).await?;
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(conn).await?;
+        }
+        self.set_clocks(first)?;
+        for (n, node) in first.nodes.iter().enumerate() {
+            let now = node.now(first.time);
+            let entries: Vec<(String, Entry)> = node
+                .keyspace
+                .live(now)
+                .map(|(k, e)| (k.to_owned(), e.clone()))
+                .collect();
+            let conn = self.admin(self.slots[n]).await?;
+            for (key, entry) in entries {
+                load(conn, &key, &entry).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Walks the trace; `Ok(Diverged)` at the first disagreement.
+    async fn walk(&mut self, trace: &Trace) -> Result<Verdict, ChaosError> {
+        let first = &trace[0].0;
+        for n in 0..first.nodes.len() {
+            if let Some(what) = self.compare_node(first, n as u8).await? {
+                return Ok(Verdict::Diverged {
+                    step: 0,
+                    action: "the initial state".into(),
+                    what,
+                });
+            }
+        }
+        for (i, pair) in trace.windows(2).enumerate() {
+            let (state, action) = &pair[0];
+            let next = &pair[1].0;
+            let Some(action) = action else {
+                return Err(ChaosError::UnexpectedReply(format!(
+                    "step {i} of the trace has no action"
+                )));
+            };
+            let mut enabled = Vec::new();
+            self.model.enabled(state, &mut enabled);
+            if !enabled.contains(action) || self.model.step(state, action).as_ref() != Some(next) {
+                return Err(ChaosError::UnexpectedReply(format!(
+                    "step {i} ({}) does not lead where the trace says: not this model's trace",
+                    self.model.describe_action(state, action)
+                )));
+            }
+            if let Some(what) = self.step(state, action, next).await? {
+                return Ok(Verdict::Diverged {
+                    step: i,
+                    action: self.model.describe_action(state, action),
+                    what,
+                });
+            }
+        }
+        Ok(Verdict::Reproduced)
+    }
+
+    async fn step(
+        &mut self,
+        state: &State,
+        action: &Action,
+        next: &State,
+    ) -> Result<Mismatch, ChaosError> {
+        self.set_clocks(state)?;
+        self.bring_back(state).await?;
+        let touched: Vec<u8> = match *action {
+            Action::Deliver { client, node } | Action::RoundTrip { client, node } => {
+                if let Some(what) = self.deliver(state, client, node).await? {
+                    return Ok(Some(what));
+                }
+                vec![node]
+            }
+            Action::Restart(node) => {
+                if self.options.node_faults {
+                    let container = self.slots[usize::from(node)];
+                    self.kill(container).await?;
+                    if self.model.cfg.fault != Fault::RestartDelayed {
+                        self.start(container).await?;
+                    }
+                }
+                self.drop_connections(node);
+                vec![node]
+            }
+            Action::JumpClock(node) => vec![node],
+            Action::Replicate => {
+                self.replicate().await?;
+                vec![0]
+            }
+            Action::Promote => {
+                self.promote().await?;
+                vec![0]
+            }
+            // The network and the clients are the harness: a cut, a heal,
+            // a lost request, a held link, a tick, a timer, a check, a
+            // write, a pause or a crash change nothing on the servers.
+            Action::Receive { .. }
+            | Action::Timer(_)
+            | Action::Check(_)
+            | Action::Write(_)
+            | Action::Tick(_)
+            | Action::Crash(_)
+            | Action::Pause(_)
+            | Action::Resume(_)
+            | Action::Hold { .. }
+            | Action::LoseRequest { .. }
+            | Action::LoseReply { .. }
+            | Action::Cut(_)
+            | Action::Heal(_) => Vec::new(),
+        };
+        self.set_clocks(next)?;
+        for node in touched {
+            if let Some(what) = self.compare_node(next, node).await? {
+                return Ok(Some(what));
+            }
+        }
+        if matches!(action, Action::Replicate) {
+            if let Some(what) = self.compare_replica(next).await? {
+                return Ok(Some(what));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Starts a `restart-delayed` node's container once the model has the
+    /// node up again.
+    async fn bring_back(&mut self, state: &State) -> Result<(), ChaosError> {
+        for (n, node) in state.nodes.iter().enumerate() {
+            let container = self.slots[n];
+            let back = node.down_until.is_none_or(|until| state.time >= until);
+            if back && self.containers.down[container] {
+                self.start(container).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn drop_connections(&mut self, node: u8) {
+        self.conns.retain(|&(_, n), _| n != node);
+    }
+
+    /// Runs the first request on the (client, node) link, as the model's
+    /// delivery does, and compares the outcome with the model's.
+    async fn deliver(
+        &mut self,
+        state: &State,
+        client: u8,
+        node: u8,
+    ) -> Result<Mismatch, ChaosError> {
+        let model = self.model;
+        let Some(request) = model.link_of(state, client, node).requests.front() else {
+            return Err(ChaosError::UnexpectedReply(format!(
+                "no request from c{client} to n{node} to deliver"
+            )));
+        };
+        let expected = model
+            .answer(state, client, node)
+            .ok_or_else(|| ChaosError::UnexpectedReply("the model gave no answer".into()))?;
+        let observed = if state.nodes[usize::from(node)].cut {
+            // The partition is the harness: the request is not sent.
+            Outcome::Unknown
+        } else {
+            self.report.requests += 1;
+            self.send(client, node, &request.command).await
+        };
+        let (expected, observed) = (normalize(expected), normalize(observed));
+        Ok((expected != observed).then(|| {
+            format!(
+                "the model answers {}, Redis answered {}",
+                outcome_text(&expected),
+                outcome_text(&observed)
+            )
+        }))
+    }
+
+    /// One request on the pair's own connection; any connection failure is
+    /// an unknown outcome, as the adapter reports it.
+    async fn send(
+        &mut self,
+        client: u8,
+        node: u8,
+        command: &lockwright_core::keyspace::Command,
+    ) -> Outcome {
+        let container = self.slots[usize::from(node)];
+        if !self.conns.contains_key(&(client, node)) {
+            match self
+                .node(container)
+                .connect_with_timeout(REQUEST_TIMEOUT)
+                .await
+            {
+                Ok(conn) => {
+                    self.conns.insert((client, node), conn);
+                }
+                Err(_) => return Outcome::Unknown,
+            }
+        }
+        let Some(conn) = self.conns.get_mut(&(client, node)) else {
+            return Outcome::Unknown;
+        };
+        match wire::execute_reply(conn, command).await {
+            Ok(reply) => Outcome::Reply(reply),
+            Err(_) => {
+                self.conns.remove(&(client, node));
+                Outcome::Unknown
+            }
+        }
+    }
+
+    /// The replica attaches to node 0's container, syncs, and detaches.
+    async fn replicate(&mut self) -> Result<(), ChaosError> {
+        let Some(replica) = self.replica else {
+            return Err(ChaosError::UnexpectedReply("no replica to sync".into()));
+        };
+        if !self.options.node_faults {
+            return Ok(());
+        }
+        let master = self.slots[0];
+        let cluster = &self.containers.cluster;
+        cluster
+            .node(replica)
+            .replicate_from(cluster.node(master))
+            .await?;
+        cluster.node(replica).promote().await?;
+        self.report.node_faults += 1;
+        Ok(())
+    }
+
+    /// The replica becomes node 0; the old master is killed.
+    async fn promote(&mut self) -> Result<(), ChaosError> {
+        let Some(replica) = self.replica.take() else {
+            return Err(ChaosError::UnexpectedReply("no replica to promote".into()));
+        };
+        if !self.options.node_faults {
+            return Ok(());
+        }
+        self.node(replica).promote().await?;
+        let old = self.slots[0];
+        self.kill(old).await?;
+        self.slots[0] = replica;
+        self.drop_connections(0);
+        Ok(())
+    }
+
+    async fn compare_node(&mut self, state: &State, node: u8) -> Result<Mismatch, ChaosError> {
+        let model_node = &state.nodes[usize::from(node)];
+        let container = self.slots[usize::from(node)];
+        if self.containers.down[container] {
+            return Ok(None);
+        }
+        let now = model_node.now(state.time);
+        let expected = live(&model_node.keyspace, now);
+        self.compare(container, expected, &format!("n{node}")).await
+    }
+
+    async fn compare_replica(&mut self, state: &State) -> Result<Mismatch, ChaosError> {
+        let (Some(container), Some(keyspace)) = (self.replica, &state.nodes[0].replica) else {
+            return Ok(None);
+        };
+        let now = state.nodes[0].now(state.time);
+        let expected = live(keyspace, now);
+        self.compare(container, expected, "n0's replica").await
+    }
+
+    async fn compare(
+        &mut self,
+        container: usize,
+        expected: BTreeMap<String, Entry>,
+        name: &str,
+    ) -> Result<Mismatch, ChaosError> {
+        self.report.comparisons += 1;
+        let conn = self.admin(container).await?;
+        let observed = read_keyspace(conn).await?;
+        Ok((expected != observed).then(|| {
+            format!(
+                "{name}'s keys: the model has {}, Redis has {}",
+                keys_text(&expected),
+                keys_text(&observed)
+            )
+        }))
+    }
+}
+
+fn live(keyspace: &lockwright_core::keyspace::Keyspace, now: Millis) -> BTreeMap<String, Entry> {
+    keyspace
+        .live(now)
+        .map(|(k, e)| (k.to_owned(), e.clone()))
+        .collect()
+}
+
+/// Writes one model entry into Redis.
+async fn load(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    entry: &Entry,
+) -> Result<(), ChaosError> {
+    let mut cmd = match &entry.value {
+        Value::Str(s) => {
+            let mut c = redis::cmd("SET");
+            c.arg(key).arg(s);
+            c
+        }
+        Value::Hash(h) => {
+            let mut c = redis::cmd("HSET");
+            c.arg(key);
+            for (f, v) in h {
+                c.arg(f).arg(v);
+            }
+            c
+        }
+        Value::Set(s) => {
+            let mut c = redis::cmd("SADD");
+            c.arg(key);
+            for m in s {
+                c.arg(m);
+            }
+            c
+        }
+        Value::ZSet(z) => {
+            let mut c = redis::cmd("ZADD");
+            c.arg(key);
+            for (m, score) in z {
+                c.arg(*score).arg(m);
+            }
+            c
+        }
+    };
+    let _: redis::Value = cmd.query_async(conn).await?;
+    if let Some(deadline) = entry.expires_at {
+        cmd = redis::cmd("PEXPIREAT");
+        let _: redis::Value = cmd.arg(key).arg(deadline).query_async(conn).await?;
+    }
+    Ok(())
+}
+
+/// Every live key of a real node with its value and absolute expiry.
+async fn read_keyspace(
+    conn: &mut MultiplexedConnection,
+) -> Result<BTreeMap<String, Entry>, ChaosError> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(conn).await?;
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(conn).await?;
+        let value = match kind.as_str() {
+            "string" => {
+                let v: Option<String> = redis::cmd("GET").arg(&key).query_async(conn).await?;
+                match v {
+                    Some(v) => Value::Str(v),
+                    None => continue,
+                }
+            }
+            "hash" => {
+                let h: BTreeMap<String, String> =
+                    redis::cmd("HGETALL").arg(&key).query_async(conn).await?;
+                Value::Hash(h)
+            }
+            "set" => {
+                let s: BTreeSet<String> =
+                    redis::cmd("SMEMBERS").arg(&key).query_async(conn).await?;
+                Value::Set(s)
+            }
+            "zset" => {
+                let z: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(conn)
+                    .await?;
+                let mut scores = BTreeMap::new();
+                for (member, score) in z {
+                    if score.fract() != 0.0 {
+                        return Err(ChaosError::UnexpectedReply(format!(
+                            "{key}: member {member} has the non-integer score {score}"
+                        )));
+                    }
+                    scores.insert(member, score as i64);
+                }
+                Value::ZSet(scores)
+            }
+            // Expired (and deleted) between KEYS and TYPE.
+            "none" => continue,
+            other => {
+                return Err(ChaosError::UnexpectedReply(format!(
+                    "{key} has type {other}, which no protocol uses"
+                )))
+            }
+        };
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&key)
+            .query_async(conn)
+            .await?;
+        let expires_at = match at {
+            -2 => continue,
+            -1 => None,
+            ms => Some(ms as u64),
+        };
+        out.insert(key, Entry { value, expires_at });
+    }
+    Ok(out)
+}
+
+/// Errors raised inside scripts carry their location in real Redis only.
+fn normalize(outcome: Outcome) -> Outcome {
+    fn reply(r: Reply) -> Reply {
+        match r {
+            Reply::Error(e) => Reply::Error(strip_script_location(&e).to_owned()),
+            Reply::Array(items) => Reply::Array(items.into_iter().map(reply).collect()),
+            other => other,
+        }
+    }
+    match outcome {
+        Outcome::Reply(r) => Outcome::Reply(reply(r)),
+        Outcome::Unknown => Outcome::Unknown,
+    }
+}
+
+fn outcome_text(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Reply(r) => lockwright_model::model::reply_text(r),
+        Outcome::Unknown => "nothing (unknown outcome)".into(),
+    }
+}
+
+fn keys_text(keys: &BTreeMap<String, Entry>) -> String {
+    if keys.is_empty() {
+        return "none".into();
+    }
+    keys.iter()
+        .map(|(k, e)| match e.expires_at {
+            Some(at) => format!("{k}={:?} (expires at {at})", e.value),
+            None => format!("{k}={:?}", e.value),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
