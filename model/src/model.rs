@@ -9,7 +9,7 @@
 //! next instant at which something can change: a client timer, a key's expiry
 //! on some node, a node coming back up, a lease's end. Each client reads its
 //! own clock `offset + true·num/den`; each node reads `true + offset` (a clock
-//! jump raises the offset). Without the `delay` fault time cannot pass while
+//! jump raises the offset), starting at [`NODE_CLOCK_START`]. Without the `delay` fault time cannot pass while
 //! a message to or from a running client is in flight, and without the
 //! `pause` fault time cannot pass a running client's obligation (a due timer,
 //! the end of its validity, the write it has checked it may do).
@@ -37,6 +37,13 @@ use lockwright_core::{
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
 
+/// Every node's clock reading at true time 0. Not 0: the replay runs real
+/// servers on the model's node clocks, and a Redis that loads its data (an
+/// AOF after a restart, a replica's first sync) while its clock reads 0
+/// fails an assertion. No protocol compares node and client clocks, so
+/// where the node clocks start changes no verdict.
+pub const NODE_CLOCK_START: u64 = 1_000;
+
 /// The parameters of one check.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ModelConfig {
@@ -44,7 +51,7 @@ pub struct ModelConfig {
     pub protocol: ProtocolId,
     /// The fault class the environment may use.
     pub fault: Fault,
-    /// Number of clients.
+    /// Number of clients (at most 8: a node keeps one bit per client).
     pub clients: u8,
     /// Number of Redis nodes (3 for RedLock, else 1).
     pub nodes: u8,
@@ -210,12 +217,26 @@ pub struct NodeState {
     pub replica: Option<Keyspace>,
     /// Ghost: which client last wrote each string key.
     pub writers: BTreeMap<String, u8>,
+    /// Protocols that `WATCH` (a connection of each client's own): bit `c`
+    /// set when client `c` has a connection open to the node.
+    pub connected: u8,
+    /// Bit `c` set when client `c`'s connection died with a restart or a
+    /// failover and the client has not yet noticed: its next request is
+    /// written to the dead socket and gets no reply.
+    pub dead: u8,
 }
 
 impl NodeState {
     /// The node's clock reading at true time `t`.
     pub fn now(&self, t: u64) -> Millis {
         Millis(t + self.offset)
+    }
+
+    /// Every open connection dies (a restart, a failover): each client
+    /// notices at its next request.
+    fn lose_connections(&mut self) {
+        self.dead |= self.connected;
+        self.connected = 0;
     }
 
     /// Does a request reach the node at true time `t` (it is neither cut
@@ -410,11 +431,13 @@ impl LockModel {
         let mut nodes: Vec<NodeState> = (0..cfg.nodes)
             .map(|_| NodeState {
                 keyspace: Keyspace::new(),
-                offset: 0,
+                offset: NODE_CLOCK_START,
                 down_until: None,
                 cut: false,
                 replica: None,
                 writers: BTreeMap::new(),
+                connected: 0,
+                dead: 0,
             })
             .collect();
         if cfg.protocol == ProtocolId::WatchSemaphore {
@@ -428,7 +451,8 @@ impl LockModel {
                 get: false,
             };
             for n in &mut nodes {
-                n.keyspace.execute(ConnId(u32::MAX), Millis(0), &set_max);
+                n.keyspace
+                    .execute(ConnId(u32::MAX), Millis(NODE_CLOCK_START), &set_max);
             }
         }
         if cfg.fault == Fault::Failover {
@@ -666,9 +690,16 @@ impl LockModel {
         };
         let t = state.time;
         let node = &mut state.nodes[usize::from(n)];
-        if !node.reachable(t) {
+        let bit = 1u8 << c;
+        if node.dead & bit != 0 || !node.reachable(t) {
+            // Written to a dead connection, or to a node that is down or cut
+            // off: it never runs, and the client learns nothing.
+            node.dead &= !bit;
             state.links[l].replies.push_back((req.id, Outcome::Unknown));
             return;
+        }
+        if self.cfg.protocol.uses_watch() {
+            node.connected |= bit;
         }
         let now = node.now(t);
         let releasing = !matches!(state.clients[usize::from(c)].phase, Phase::Acquiring);
@@ -706,6 +737,14 @@ impl LockModel {
             return;
         };
         let ci = usize::from(c);
+        if outcome == Outcome::Unknown && self.cfg.protocol.uses_watch() {
+            // The adapter retires a connection whose request got no reply
+            // and opens a new one for the next: the watches of the old one
+            // are of no use to this client any more.
+            let node = &mut state.nodes[usize::from(n)];
+            node.keyspace.drop_connection(ConnId(u32::from(c)));
+            node.connected &= !(1u8 << c);
+        }
         if state.clients[ci].crashed {
             return;
         }
@@ -960,6 +999,7 @@ impl LockModel {
             Action::Restart(n) => {
                 s.budget -= 1;
                 let node = &mut s.nodes[usize::from(n)];
+                node.lose_connections();
                 match self.cfg.fault {
                     Fault::RestartPersisted => node.keyspace.drop_connections(),
                     Fault::RestartDelayed => {
@@ -985,6 +1025,7 @@ impl LockModel {
                 if let Some(replica) = node.replica.take() {
                     node.keyspace.replicate_from(&replica);
                     node.keyspace.drop_connections();
+                    node.lose_connections();
                 }
             }
             Action::Hold { client, node } => {

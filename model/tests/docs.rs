@@ -144,8 +144,7 @@ fn every_chaos_test_named_by_the_pages_exists_and_names_its_cell() {
             c.protocol
         );
         assert!(
-            source.contains(&format!("\"{}\"", c.property))
-                || c.file.ends_with("safe_protocols.rs"),
+            source.contains(&format!("\"{}\"", c.property)),
             "{} does not name {}",
             c.file,
             c.property
