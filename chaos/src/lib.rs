@@ -1,47 +1,54 @@
 //! # lockwright-chaos
 //!
-//! Testcontainers scenarios that inject the model's faults into real Redis
-//! masters and check that reality agrees with the verdict matrix. This crate
-//! holds the infrastructure (the containers, the faults, the environment
-//! check), the [`history`] checks, the [`report`] table and
-//! [`DrivenMachine`]; the scenarios are its integration tests.
+//! The model against real Redis. This crate holds the infrastructure (the
+//! containers, their faults, the environment check), the [`replay`] of
+//! model traces on real servers, the [`history`] checks and the [`report`]
+//! table of the remaining hand-written scenario.
 //!
-//! ## Scenarios (`tests/`, one file each)
+//! ## The replay (`replay`, `tests/replay.rs`, the `replay` binary)
 //!
-//! Each names the model cell it reproduces, records a [`History`] of grants,
-//! releases and protected writes, checks it, prints a row per cell
-//! (scenario | protocol | fault | property | expected by the model |
-//! observed) and asserts that the observation is the model's verdict, which
-//! it computes in-process with `lockwright_model::matrix::check`.
+//! Every violated cell of the verdict matrix has a shortest counterexample;
+//! [`replay::Bench::replay`] executes it action by action on Redis
+//! containers and requires every reply, every key and the protected
+//! resource to equal the model's at every step. The test replays all of
+//! them, and seeded random paths of every (protocol, fault) run with a
+//! property that holds, and fails on the first disagreement; it also keeps
+//! deliberate harness faults (clocks left still or one millisecond off,
+//! restarts skipped) that the replay must catch. `docs/replay.md` is the
+//! generated table:
 //!
-//! | file | cells | observed |
-//! |---|---|---|
-//! | `redlock_clock_jump` | (redlock, clock-jump, mutual-exclusion) | two clients hold a majority of five |
-//! | `redlock_restart` | (redlock, restart / restart-delayed, mutual-exclusion) | two holders / none |
-//! | `failover` | (set-px-lua, failover, mutual-exclusion) | lost grant; with `WAIT`, only the unwaited extend |
-//! | `pause` | (set-px-lua / fenced, pause, mutual-exclusion / fenced-resource) | both believe they hold; only fences keep the resource |
-//! | `redlock_partition` | (redlock, partition, …) | minority and majority partitions: no overlap |
-//! | `set_px_get_del` | (set-px-get-del / set-px-lua, pause, owner-only) | GET/DEL deletes the successor's key; the script does not |
-//! | `setnx_getset_skew`, `zset_semaphore_skew` | (…, client-skew, mutual-exclusion) | takeover, over-admission |
-//! | `safe_protocols` | (set-px-lua / fenced / lease-semaphore, crash / partition / delay, …) | no violation in 12 rounds each |
-//! | `results` | every row saved by the scenarios | the combined table |
+//! ```text
+//! cargo run --release -p lockwright-chaos --bin replay -- --markdown docs/replay.md
+//! cargo run --release -p lockwright-chaos --bin replay -- set-px-get-del pause owner-only
+//! ```
 //!
-//! `chaos/ci.sh` builds the image, runs the suite (about two minutes) and
-//! prints the combined table.
+//! ## What is real and what the harness plays
 //!
-//! ## What is real and what is simulated
+//! Real in a replay: the servers and their replies; node time (each node's
+//! wall clock frozen by libfaketime at the model's node clock, so keys
+//! expire when the model says, and a clock jump is the same file moved);
+//! restarts (SIGKILL and a start of the container, with AOF `fsync always`
+//! for `restart-persisted`, kept down as long as the model says for
+//! `restart-delayed`); failover (a second container synced by real
+//! replication at the model's "replica catches up" step, detached
+//! otherwise, and made the clients' node at "promoted" with the old master
+//! killed); dead connections after a restart or failover; the protected
+//! resource (a Redis store of its own that refuses older fences in one
+//! script). Played by the harness: the network (a partitioned node's
+//! requests and lost requests are not sent, a lost reply is read and
+//! dropped, a delayed message is sent when the model delivers it) and the
+//! clients (a paused or crashed client takes no step; a skewed client reads
+//! the model's clock). The grant order that makes a write stale is the
+//! model's ghost, sent to the store as data.
 //!
-//! Real: node kill and restart (the container's process), node clock jumps
-//! (libfaketime in the node containers), failover (a real replica, its
-//! replication link cut, promoted with `REPLICAOF NO ONE`), node partitions
-//! (the container taken off its network). Simulated in the test process:
-//! a client *pause* is the holder's task sleeping past its validity (no
-//! process is stopped), client clock *skew* is an offset added to the
-//! clock the scenario passes to a [`DrivenMachine`], and a *per-client*
-//! partition in the RedLock scenarios is a client whose view names a port
-//! nothing listens on (connections are refused at once, not black-holed).
-//! These scenarios cover a handful of the matrix's violated cells, chosen
-//! by hand; they do not replay the model's counterexamples.
+//! ## The hand-written scenario
+//!
+//! `tests/failover.rs` runs the adapter (`lockwright-redis`) against a
+//! master and a replica whose link is cut, with and without `WAIT`, which
+//! the model does not have yet; it prints its rows (scenario | protocol |
+//! fault | property | expected by the model | observed) and asserts that each
+//! is the model's verdict. Its client clocks are the test process' own.
+//! `tests/faults.rs` checks each container fault on its own.
 //!
 //! ## The image
 //!
@@ -61,7 +68,9 @@
 //! --appendfsync always` with [`Persistence::AofFsyncAlways`]) under
 //! `LD_PRELOAD=libfaketime.so.1`, `FAKETIME_NO_CACHE=1` and
 //! `FAKETIME_TIMESTAMP_FILE` in a bind-mounted host directory holding the
-//! node's offset (`+0.000`, the real time, to begin with).
+//! node's offset (`+0.000`, the real time, to begin with), or, with
+//! [`NodeOptions::frozen_clock`] (the replay), an absolute reading at which
+//! the wall clock stands until the harness moves it.
 //!
 //! | fault | call | effect |
 //! |---|---|---|
@@ -98,7 +107,6 @@
 pub mod api_shim;
 mod clock;
 mod docker;
-pub mod driven;
 pub mod history;
 mod node;
 pub mod replay;
@@ -107,7 +115,6 @@ pub mod report;
 use std::time::Duration;
 
 pub use clock::FakeClock;
-pub use driven::DrivenMachine;
 pub use history::{History, Observed, Op};
 pub use node::{
     default_image, NodeOptions, Persistence, RedisNode, FAKETIME_DIR, IMAGE_NAME, IMAGE_TAG,

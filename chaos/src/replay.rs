@@ -42,14 +42,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use lockwright_core::keyspace::script::strip_script_location;
 use lockwright_core::keyspace::{Entry, Reply, Value};
+use lockwright_core::sim::SplitMix64;
 use lockwright_core::ProtocolId;
 use lockwright_core::{Millis, Outcome};
 use lockwright_model::docs::shortest_counterexamples;
 use lockwright_model::matrix::{self, Trace, Verdict as CheckVerdict};
+use lockwright_model::model::Phase;
 use lockwright_model::{Action, Fault, LockModel, PropertyId, State};
 use lockwright_redis::wire;
 use redis::aio::MultiplexedConnection;
@@ -66,6 +69,10 @@ pub struct ReplayOptions {
     /// Move the node clocks to the model's (`false` leaves every node at
     /// time 0, so nothing ever expires).
     pub node_clocks: bool,
+    /// Milliseconds added to every node clock reading the replay writes:
+    /// `-1` is a keyspace model whose keys expire one millisecond late
+    /// compared with Redis (`0` replays faithfully).
+    pub node_clock_error_ms: i64,
     /// Carry out restarts and failovers on the containers (`false` skips
     /// them, so the data survives).
     pub node_faults: bool,
@@ -75,6 +82,7 @@ impl Default for ReplayOptions {
     fn default() -> Self {
         Self {
             node_clocks: true,
+            node_clock_error_ms: 0,
             node_faults: true,
         }
     }
@@ -107,8 +115,21 @@ pub struct Replay {
     pub comparisons: usize,
     /// Container faults carried out (kills, starts, syncs, promotions).
     pub node_faults: usize,
+    /// One line per step taken: the model's account of the action and, for
+    /// a request, Redis' answer beside the model's.
+    pub log: Vec<String>,
     /// How it ended.
     pub verdict: Verdict,
+}
+
+impl Replay {
+    /// One line: the verdict, then the counts and `seconds`.
+    pub fn line(&self, seconds: f64) -> String {
+        format!(
+            "{} ({} steps, {} requests, {} key comparisons, {} container faults; {seconds:.1} s)",
+            self.verdict, self.steps, self.requests, self.comparisons, self.node_faults
+        )
+    }
 }
 
 impl fmt::Display for Verdict {
@@ -163,20 +184,39 @@ pub fn cases(protocol: ProtocolId, fault: Fault) -> Result<Vec<Case>, ChaosError
         .collect())
 }
 
-/// Every violated cell of the whole matrix with its shortest
-/// counterexample, computed on `threads` worker threads by the search the
-/// docs use ([`lockwright_model::docs::compute`]).
-pub fn all_cases(threads: usize) -> Result<Vec<Case>, ChaosError> {
+/// What a whole-matrix replay runs: the shortest counterexample of every
+/// violated cell, and the (protocol, fault) runs with a property that holds.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Every violated cell, in (protocol, fault, property) order.
+    pub violated: Vec<Case>,
+    /// Every (protocol, fault) run with at least one property that holds,
+    /// with its model and the properties that hold.
+    pub holds: Vec<(LockModel, Vec<PropertyId>)>,
+}
+
+/// The plan for the whole matrix, computed on `threads` worker threads by
+/// the search the docs use ([`lockwright_model::docs::compute`]).
+pub fn plan(threads: usize) -> Result<Plan, ChaosError> {
     let computed = lockwright_model::docs::compute(threads)?;
-    let mut out = Vec::new();
+    let mut plan = Plan {
+        violated: Vec::new(),
+        holds: Vec::new(),
+    };
     for ((protocol, fault), result) in computed.results {
-        if result.traces.is_empty() {
-            continue;
-        }
         let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
             .map_err(lockwright_model::docs::DocsError::from)?;
+        let holding: Vec<PropertyId> = result
+            .cells
+            .iter()
+            .filter(|c| c.verdict == CheckVerdict::Holds)
+            .map(|c| c.property)
+            .collect();
+        if !holding.is_empty() {
+            plan.holds.push((model.clone(), holding));
+        }
         for (property, trace) in result.traces {
-            out.push(Case {
+            plan.violated.push(Case {
                 protocol,
                 fault,
                 property,
@@ -185,8 +225,269 @@ pub fn all_cases(threads: usize) -> Result<Vec<Case>, ChaosError> {
             });
         }
     }
-    Ok(out)
+    Ok(plan)
 }
+
+/// A seeded random path of `model`: from the initial state, each step one
+/// of the enabled actions (faults included) drawn at random, until none is
+/// enabled or `max_steps` were taken. Letting time pass weighs half as much
+/// as any other action (a drawn tick is drawn again once), so that paths do
+/// not race to the horizon. The same seed gives the same path.
+pub fn random_path(model: &LockModel, seed: u64, max_steps: usize) -> Trace {
+    let mut rng = SplitMix64(seed);
+    let mut state = model.initial();
+    let mut trace = Trace::new();
+    let mut actions = Vec::new();
+    for _ in 0..max_steps {
+        actions.clear();
+        model.enabled(&state, &mut actions);
+        if actions.is_empty() {
+            break;
+        }
+        let last = actions.len() as u64 - 1;
+        let mut pick = rng.range((0, last)) as usize;
+        if matches!(actions[pick], Action::Tick(_)) {
+            pick = rng.range((0, last)) as usize;
+        }
+        let action = actions.swap_remove(pick);
+        let Some(next) = model.step(&state, &action) else {
+            break;
+        };
+        trace.push((state, Some(action)));
+        state = next;
+    }
+    trace.push((state, None));
+    trace
+}
+
+/// Random paths replayed per (protocol, fault) run with a property that
+/// holds, in a suite run.
+pub const PATHS_PER_RUN: u64 = 2;
+/// Steps per random path at most.
+pub const PATH_STEPS: usize = 80;
+
+/// One violated cell's replay in a suite run.
+#[derive(Clone, Debug)]
+pub struct CellReplay {
+    /// The protocol.
+    pub protocol: ProtocolId,
+    /// The fault class.
+    pub fault: Fault,
+    /// The violated property.
+    pub property: PropertyId,
+    /// What happened.
+    pub replay: Replay,
+    /// Wall-clock seconds it took.
+    pub seconds: f64,
+}
+
+/// One random path's replay in a suite run.
+#[derive(Clone, Debug)]
+pub struct PathReplay {
+    /// The protocol.
+    pub protocol: ProtocolId,
+    /// The fault class.
+    pub fault: Fault,
+    /// The properties that hold in this run.
+    pub holds: Vec<PropertyId>,
+    /// The path's seed.
+    pub seed: u64,
+    /// What happened.
+    pub replay: Replay,
+    /// Wall-clock seconds it took.
+    pub seconds: f64,
+}
+
+/// Everything one suite run replayed, in order.
+#[derive(Clone, Debug, Default)]
+pub struct Suite {
+    /// The violated cells' counterexamples.
+    pub cells: Vec<CellReplay>,
+    /// The random paths of the runs that hold.
+    pub paths: Vec<PathReplay>,
+}
+
+impl Suite {
+    /// Replays the shortest counterexample of every violated cell of
+    /// `plan` and [`PATHS_PER_RUN`] random paths of every run with a
+    /// property that holds, on `bench`, calling `progress` with one line per
+    /// replay.
+    pub async fn run(
+        bench: &mut Bench,
+        plan: &Plan,
+        mut progress: impl FnMut(&str),
+    ) -> Result<Suite, ChaosError> {
+        let mut suite = Suite::default();
+        let total = plan.violated.len();
+        for (i, case) in plan.violated.iter().enumerate() {
+            let started = std::time::Instant::now();
+            let replay = bench
+                .replay(&case.model, &case.trace, ReplayOptions::default())
+                .await?;
+            let cell = CellReplay {
+                protocol: case.protocol,
+                fault: case.fault,
+                property: case.property,
+                replay,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            progress(&format!(
+                "[{}/{total}] {} × {} × {}: {}",
+                i + 1,
+                cell.protocol,
+                cell.fault,
+                cell.property,
+                cell.replay.line(cell.seconds)
+            ));
+            suite.cells.push(cell);
+        }
+        for (model, holds) in &plan.holds {
+            for seed in 0..PATHS_PER_RUN {
+                let started = std::time::Instant::now();
+                let trace = random_path(model, seed, PATH_STEPS);
+                let replay = bench
+                    .replay(model, &trace, ReplayOptions::default())
+                    .await?;
+                let path = PathReplay {
+                    protocol: model.cfg.protocol,
+                    fault: model.cfg.fault,
+                    holds: holds.clone(),
+                    seed,
+                    replay,
+                    seconds: started.elapsed().as_secs_f64(),
+                };
+                progress(&format!(
+                    "[path {}] {} × {} seed {seed}: {}",
+                    suite.paths.len() + 1,
+                    path.protocol,
+                    path.fault,
+                    path.replay.line(path.seconds)
+                ));
+                suite.paths.push(path);
+            }
+        }
+        Ok(suite)
+    }
+
+    /// Violated cells reproduced.
+    pub fn reproduced(&self) -> usize {
+        self.cells
+            .iter()
+            .filter(|c| c.replay.verdict == Verdict::Reproduced)
+            .count()
+    }
+
+    /// Every replay that disagreed with the model, one line each.
+    pub fn mismatches(&self) -> Vec<String> {
+        let cells = self.cells.iter().filter_map(|c| match &c.replay.verdict {
+            Verdict::Reproduced => None,
+            v => Some(format!(
+                "{} × {} × {}: {v}",
+                c.protocol, c.fault, c.property
+            )),
+        });
+        let paths = self.paths.iter().filter_map(|p| match &p.replay.verdict {
+            Verdict::Reproduced => None,
+            v => Some(format!("{} × {} seed {}: {v}", p.protocol, p.fault, p.seed)),
+        });
+        cells.chain(paths).collect()
+    }
+
+    /// `replay: R of V violated cells reproduced, H holds paths replayed, M mismatches`.
+    pub fn summary(&self) -> String {
+        format!(
+            "replay: {} of {} violated cells reproduced, {} holds paths replayed, {} mismatches",
+            self.reproduced(),
+            self.cells.len(),
+            self.paths.len(),
+            self.mismatches().len()
+        )
+    }
+
+    /// The Markdown page `docs/replay.md`: what is replayed and how, the
+    /// summary, one row per violated cell and one per random path.
+    pub fn markdown(&self) -> String {
+        let verdict = |v: &Verdict, ok: &str| match v {
+            Verdict::Reproduced => ok.to_owned(),
+            other => other.to_string().replace('|', "\\|"),
+        };
+        let mut cells = String::new();
+        for c in &self.cells {
+            let _ = writeln!(
+                cells,
+                "| {} | {} | {} | {} | {} | {} | {:.1} |",
+                c.protocol,
+                c.fault,
+                c.property,
+                verdict(&c.replay.verdict, "reproduced"),
+                c.replay.steps,
+                c.replay.requests,
+                c.seconds
+            );
+        }
+        let mut paths = String::new();
+        for p in &self.paths {
+            let holds = p
+                .holds
+                .iter()
+                .map(|h| h.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                paths,
+                "| {} | {} | {holds} | {} | {} | {} | {} | {} |",
+                p.protocol,
+                p.fault,
+                p.seed,
+                verdict(&p.replay.verdict, "agreed"),
+                p.replay.steps,
+                p.replay.requests,
+                p.replay.node_faults
+            );
+        }
+        format!(
+            "{PAGE_HEAD}\n**{}.**\n\n## Violated cells\n\n\
+| protocol | fault | property | on real Redis | steps | requests | seconds |\n\
+|---|---|---|---|---|---|---|\n\
+{cells}\n\
+## Random paths of the runs that hold\n\n\
+For every (protocol, fault) run with a property that holds, {PATHS_PER_RUN} seeded random paths \
+of the model (each step one of the enabled actions, faults included, letting time pass at half \
+the weight of any other action, at most {PATH_STEPS} steps) are replayed the same way: the model \
+and Redis must agree at every step.\n\n\
+| protocol | fault | holds | seed | Redis and the model | steps | requests | container faults |\n\
+|---|---|---|---|---|---|---|---|\n\
+{paths}",
+            self.summary()
+        )
+    }
+}
+
+/// What `docs/replay.md` says before its tables.
+const PAGE_HEAD: &str = "# Replay on real Redis
+
+Generated by `cargo run --release -p lockwright-chaos --bin replay -- --markdown docs/replay.md` \
+(Docker and the local image needed; see `.ci/build-redis-image.sh`). The test \
+`chaos/tests/replay.rs` runs the same replays in `cargo test` and fails when this table names \
+other cells than the matrix violates.
+
+Each row is the model checker's shortest counterexample for one violated cell (the trace on \
+the protocol's page), executed action by action on Redis 7 containers: the requests the core \
+machines emitted, sent with the adapter's encoding on one connection per (client, node); every \
+node's wall clock frozen by libfaketime at the model's node clock; restarts as SIGKILL and start \
+of the container (AOF `fsync always` for `restart-persisted`); failover as a second container \
+that syncs from the master by real replication at the model's \"replica catches up\" step and \
+becomes the clients' node at \"promoted\", the old master killed; the protected resource as a \
+Redis store of its own that refuses older fences in one script. A step agrees when Redis' reply \
+equals the model's and, after it, every key, value and expiry deadline on the node equals the \
+model's (and the store equals the model's resource).
+
+What the harness plays rather than makes real: the network (a partitioned node's requests and \
+lost requests are not sent, a lost reply is read and dropped, a delayed message is sent when the \
+model delivers it) and the clients (a paused or crashed client takes no step, a skewed client \
+reads the model's clock). The grant order that decides a stale write is the model's ghost, sent \
+to the store as data.
+";
 
 /// The containers replays run on, started when first needed and reused
 /// (reset between replays). Dropping it removes them.
@@ -194,6 +495,8 @@ pub fn all_cases(threads: usize) -> Result<Vec<Case>, ChaosError> {
 pub struct Bench {
     plain: Option<Containers>,
     aof: Option<Containers>,
+    /// The protected resource: a Redis of its own, never faulted.
+    store: Option<Cluster>,
 }
 
 /// One set of containers with the same options.
@@ -243,6 +546,22 @@ impl Bench {
             .ok_or_else(|| ChaosError::UnexpectedReply("containers just started".into()))
     }
 
+    async fn store(&mut self) -> Result<MultiplexedConnection, ChaosError> {
+        if self.store.is_none() {
+            self.store = Some(Cluster::start(1, &NodeOptions::default()).await?);
+        }
+        let store = self
+            .store
+            .as_ref()
+            .ok_or_else(|| ChaosError::UnexpectedReply("store just started".into()))?;
+        let mut conn = store.node(0).connect_with_timeout(REQUEST_TIMEOUT).await?;
+        let _: () = redis::cmd("DEL")
+            .arg(RESOURCE_KEY)
+            .query_async(&mut conn)
+            .await?;
+        Ok(conn)
+    }
+
     /// Replays `trace`, which `model` produced, on real Redis.
     ///
     /// `Err` is a harness failure (Docker, a container that does not come
@@ -262,6 +581,7 @@ impl Bench {
         };
         let nodes = usize::from(cfg.nodes);
         let failover = cfg.fault == Fault::Failover;
+        let store = self.store().await?;
         let containers = self.containers(persistence).await?;
         if nodes > containers.down.len() - usize::from(failover) {
             return Err(ChaosError::UnexpectedReply(format!(
@@ -277,11 +597,13 @@ impl Bench {
             replica: failover.then_some(REPLICA),
             conns: BTreeMap::new(),
             admin: BTreeMap::new(),
+            store,
             report: Replay {
                 steps: trace.len().saturating_sub(1),
                 requests: 0,
                 comparisons: 0,
                 node_faults: 0,
+                log: Vec::new(),
                 verdict: Verdict::Reproduced,
             },
         };
@@ -305,6 +627,8 @@ struct Run<'a> {
     conns: BTreeMap<(u8, u8), MultiplexedConnection>,
     /// One connection per container for setup and keyspace reads.
     admin: BTreeMap<usize, MultiplexedConnection>,
+    /// The connection to the protected resource's store.
+    store: MultiplexedConnection,
     report: Replay,
 }
 
@@ -330,7 +654,11 @@ impl Run<'_> {
     }
 
     fn set_clock(&mut self, container: usize, ms: u64) -> Result<(), ChaosError> {
-        let ms = if self.options.node_clocks { ms } else { 0 };
+        let ms = if self.options.node_clocks {
+            ms.saturating_add_signed(self.options.node_clock_error_ms)
+        } else {
+            0
+        };
         if self.containers.clock[container] != Some(ms) {
             self.containers
                 .cluster
@@ -437,6 +765,10 @@ impl Run<'_> {
                     self.model.describe_action(state, action)
                 )));
             }
+            self.report.log.push(format!(
+                "{i:>4}. {}",
+                self.model.describe_action(state, action)
+            ));
             if let Some(what) = self.step(state, action, next).await? {
                 return Ok(Verdict::Diverged {
                     step: i,
@@ -458,10 +790,23 @@ impl Run<'_> {
         self.bring_back(state).await?;
         let touched: Vec<u8> = match *action {
             Action::Deliver { client, node } | Action::RoundTrip { client, node } => {
-                if let Some(what) = self.deliver(state, client, node).await? {
+                let answer = self.deliver(state, client, node).await?;
+                if let Err(what) = answer {
                     return Ok(Some(what));
                 }
+                if matches!(action, Action::RoundTrip { .. }) && answer == Ok(Outcome::Unknown) {
+                    self.conns.remove(&(client, node));
+                }
                 vec![node]
+            }
+            Action::Receive { client, node } => {
+                let front = self.model.link_of(state, client, node).replies.front();
+                if front.is_some_and(|(_, outcome)| *outcome == Outcome::Unknown) {
+                    // The adapter retires a connection whose request got no
+                    // reply; the next request opens a new one.
+                    self.conns.remove(&(client, node));
+                }
+                Vec::new()
             }
             Action::Restart(node) => {
                 if self.options.node_faults {
@@ -471,7 +816,7 @@ impl Run<'_> {
                         self.start(container).await?;
                     }
                 }
-                self.drop_connections(node);
+                self.lose_connections(node);
                 vec![node]
             }
             Action::JumpClock(node) => vec![node],
@@ -483,13 +828,17 @@ impl Run<'_> {
                 self.promote().await?;
                 vec![0]
             }
+            Action::Write(client) => {
+                if let Some(what) = self.write(state, client, next).await? {
+                    return Ok(Some(what));
+                }
+                Vec::new()
+            }
             // The network and the clients are the harness: a cut, a heal,
-            // a lost request, a held link, a tick, a timer, a check, a
-            // write, a pause or a crash change nothing on the servers.
-            Action::Receive { .. }
-            | Action::Timer(_)
+            // a lost request, a held link, a tick, a timer, a check, a pause
+            // or a crash change nothing on the servers.
+            Action::Timer(_)
             | Action::Check(_)
-            | Action::Write(_)
             | Action::Tick(_)
             | Action::Crash(_)
             | Action::Pause(_)
@@ -514,6 +863,50 @@ impl Run<'_> {
         Ok(None)
     }
 
+    /// The holder's write, made to the real store by [`RESOURCE_SCRIPT`],
+    /// whose state must then equal the model's resource.
+    async fn write(
+        &mut self,
+        state: &State,
+        client: u8,
+        next: &State,
+    ) -> Result<Mismatch, ChaosError> {
+        let holder = &state.clients[usize::from(client)];
+        let Phase::Checked(lease) = &holder.phase else {
+            return Err(ChaosError::UnexpectedReply(format!(
+                "c{client} writes without having checked its lease"
+            )));
+        };
+        let fence = lease.fence.map(|f| f.0.to_string()).unwrap_or_default();
+        let _: redis::Value = redis::cmd("EVAL")
+            .arg(RESOURCE_SCRIPT)
+            .arg(1)
+            .arg(RESOURCE_KEY)
+            .arg(fence)
+            .arg(holder.grant)
+            .query_async(&mut self.store)
+            .await?;
+        self.report.requests += 1;
+        let real: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(RESOURCE_KEY)
+            .query_async(&mut self.store)
+            .await?;
+        let model = &next.resource;
+        let expected = Resource {
+            fence: model.highest_fence,
+            newest: u64::from(model.newest_grant),
+            stale: model.stale_accepted,
+        };
+        let observed = Resource {
+            fence: real.get("fence").and_then(|f| f.parse().ok()),
+            newest: real.get("grant").and_then(|g| g.parse().ok()).unwrap_or(0),
+            stale: real.get("stale").is_some_and(|s| s == "1"),
+        };
+        Ok((expected != observed).then(|| {
+            format!("the resource: the model has {expected:?}, the store has {observed:?}")
+        }))
+    }
+
     /// Starts a `restart-delayed` node's container once the model has the
     /// node up again.
     async fn bring_back(&mut self, state: &State) -> Result<(), ChaosError> {
@@ -527,8 +920,15 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn drop_connections(&mut self, node: u8) {
-        self.conns.retain(|&(_, n), _| n != node);
+    /// The node's connections died with it. For the protocols that `WATCH`
+    /// (a connection of the hold's own) they are kept: the next request is
+    /// written to the dead socket and fails, as in the adapter. The others
+    /// share a connection that the adapter replaces before it writes, so
+    /// they are dropped and the next request opens a new one.
+    fn lose_connections(&mut self, node: u8) {
+        if !self.model.cfg.protocol.uses_watch() {
+            self.conns.retain(|&(_, n), _| n != node);
+        }
     }
 
     /// Runs the first request on the (client, node) link, as the model's
@@ -538,7 +938,7 @@ impl Run<'_> {
         state: &State,
         client: u8,
         node: u8,
-    ) -> Result<Mismatch, ChaosError> {
+    ) -> Result<Result<Outcome, String>, ChaosError> {
         let model = self.model;
         let Some(request) = model.link_of(state, client, node).requests.front() else {
             return Err(ChaosError::UnexpectedReply(format!(
@@ -556,13 +956,20 @@ impl Run<'_> {
             self.send(client, node, &request.command).await
         };
         let (expected, observed) = (normalize(expected), normalize(observed));
-        Ok((expected != observed).then(|| {
-            format!(
+        self.report.log.push(format!(
+            "        model: {} | Redis: {}",
+            outcome_text(&expected),
+            outcome_text(&observed)
+        ));
+        if expected == observed {
+            Ok(Ok(observed))
+        } else {
+            Ok(Err(format!(
                 "the model answers {}, Redis answered {}",
                 outcome_text(&expected),
                 outcome_text(&observed)
-            )
-        }))
+            )))
+        }
     }
 
     /// One request on the pair's own connection; any connection failure is
@@ -629,7 +1036,7 @@ impl Run<'_> {
         let old = self.slots[0];
         self.kill(old).await?;
         self.slots[0] = replica;
-        self.drop_connections(0);
+        self.lose_connections(0);
         Ok(())
     }
 
@@ -670,6 +1077,35 @@ impl Run<'_> {
             )
         }))
     }
+}
+
+/// The store's key for the protected resource.
+const RESOURCE_KEY: &str = "resource";
+
+/// The protected resource's write, in one script: refuse a fence lower than
+/// the highest accepted; otherwise record the fence, and note when the
+/// writer's grant is older than one already written (a stale write
+/// accepted). Grants are the model's ghost order of grants, sent as data.
+const RESOURCE_SCRIPT: &str = r"
+local fence = ARGV[1]
+local highest = redis.call('HGET', KEYS[1], 'fence')
+if fence ~= '' and highest and tonumber(fence) < tonumber(highest) then
+  return 0
+end
+if fence ~= '' then redis.call('HSET', KEYS[1], 'fence', fence) end
+local grant = tonumber(ARGV[2])
+local newest = tonumber(redis.call('HGET', KEYS[1], 'grant') or '0')
+if grant < newest then redis.call('HSET', KEYS[1], 'stale', '1') end
+if grant > newest then redis.call('HSET', KEYS[1], 'grant', ARGV[2]) end
+return 1
+";
+
+/// The resource as the model and the store both describe it.
+#[derive(Debug, PartialEq, Eq)]
+struct Resource {
+    fence: Option<u64>,
+    newest: u64,
+    stale: bool,
 }
 
 fn live(keyspace: &lockwright_core::keyspace::Keyspace, now: Millis) -> BTreeMap<String, Entry> {

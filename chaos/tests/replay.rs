@@ -10,10 +10,12 @@
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Instant;
 
 use common::docker_ready;
-use lockwright_chaos::replay::{all_cases, cases, Bench, Case, ReplayOptions, Verdict};
+use lockwright_chaos::replay::{cases, plan, Bench, Case, ReplayOptions, Suite, Verdict};
 use lockwright_chaos::{Cluster, NodeOptions};
 use lockwright_core::ProtocolId;
 use lockwright_model::matrix;
@@ -33,46 +35,81 @@ async fn every_counterexample_of_the_matrix_replays_on_real_redis() {
         return;
     }
     let started = Instant::now();
-    let all = all_cases(2).expect("the model checks");
+    // A table from an earlier run is never shown as this one's.
+    let table = Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay.md");
+    let _ = std::fs::remove_file(&table);
+    let plan = plan(2).expect("the model checks");
     eprintln!(
-        "{} violated cells, counterexamples found in {:.0} s",
-        all.len(),
+        "{} violated cells, {} runs with a property that holds; checked in {:.0} s",
+        plan.violated.len(),
+        plan.holds.len(),
         started.elapsed().as_secs_f64()
     );
-    assert!(!all.is_empty(), "the matrix has violated cells");
+    assert!(!plan.violated.is_empty(), "the matrix has violated cells");
     let mut bench = Bench::new();
-    let mut diverged = Vec::new();
-    for (i, c) in all.iter().enumerate() {
-        let r = bench
-            .replay(&c.model, &c.trace, ReplayOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("{} × {} × {}: {e}", c.protocol, c.fault, c.property));
-        eprintln!(
-            "[{}/{}] {} × {} × {}: {} ({} steps, {} requests, {} container faults)",
-            i + 1,
-            all.len(),
-            c.protocol,
-            c.fault,
-            c.property,
-            r.verdict,
-            r.steps,
-            r.requests,
-            r.node_faults
-        );
-        if r.verdict != Verdict::Reproduced {
-            diverged.push(format!(
-                "{} × {} × {}: {}",
-                c.protocol, c.fault, c.property, r.verdict
-            ));
-        }
-    }
+    let suite = Suite::run(&mut bench, &plan, |line| eprintln!("{line}"))
+        .await
+        .expect("the harness runs");
+    std::fs::write(&table, suite.markdown()).expect("write the table");
     eprintln!(
-        "{} of {} counterexamples reproduced on real Redis in {:.0} s",
-        all.len() - diverged.len(),
-        all.len(),
-        started.elapsed().as_secs_f64()
+        "{} ({:.0} s); table: {}",
+        suite.summary(),
+        started.elapsed().as_secs_f64(),
+        table.display()
     );
-    assert!(diverged.is_empty(), "diverged:\n{}", diverged.join("\n"));
+    let mismatches = suite.mismatches();
+    assert!(
+        mismatches.is_empty(),
+        "mismatches:\n{}",
+        mismatches.join("\n")
+    );
+    // The committed table names exactly these cells, each reproduced.
+    let committed = committed_table();
+    let cells: BTreeSet<String> = plan
+        .violated
+        .iter()
+        .map(|c| format!("{} | {} | {}", c.protocol, c.fault, c.property))
+        .collect();
+    assert_eq!(
+        committed.keys().cloned().collect::<BTreeSet<_>>(),
+        cells,
+        "docs/replay.md lists other cells than the matrix violates; regenerate it with {REGENERATE}"
+    );
+    for (cell, outcome) in &committed {
+        assert_eq!(
+            outcome, "reproduced",
+            "docs/replay.md: {cell}; regenerate it with {REGENERATE}"
+        );
+    }
+}
+
+const REGENERATE: &str =
+    "cargo run --release -p lockwright-chaos --bin replay -- --markdown docs/replay.md";
+
+/// The violated-cell rows of the committed `docs/replay.md`: "protocol |
+/// fault | property" → what it says happened on real Redis.
+fn committed_table() -> BTreeMap<String, String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/replay.md");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; generate it with {REGENERATE}", path.display()));
+    let section = text
+        .split("## Violated cells")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/replay.md has a violated-cells section");
+    section
+        .lines()
+        .filter(|line| line.starts_with("| ") && !line.starts_with("| protocol"))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+            (fields.len() >= 4).then(|| {
+                (
+                    format!("{} | {} | {}", fields[0], fields[1], fields[2]),
+                    fields[3].to_owned(),
+                )
+            })
+        })
+        .collect()
 }
 
 async fn replay_with(c: &Case, options: ReplayOptions) -> Verdict {
@@ -106,6 +143,32 @@ async fn a_replay_whose_node_clocks_stand_still_diverges() {
     };
     let verdict = replay_with(&c, frozen).await;
     assert!(matches!(verdict, Verdict::Diverged { .. }), "{verdict}");
+}
+
+/// A keyspace model whose keys expire one millisecond late (every real
+/// node clock one millisecond behind the model's) is caught: the deadline
+/// Redis stores for the first `SET … PX` differs from the model's.
+#[tokio::test]
+async fn a_replay_one_millisecond_off_the_model_diverges() {
+    if !docker_ready() {
+        return;
+    }
+    let c = case(
+        ProtocolId::SetPxLua,
+        Fault::Pause,
+        PropertyId::MutualExclusion,
+    );
+    for error in [-1, 1] {
+        let off = ReplayOptions {
+            node_clock_error_ms: error,
+            ..ReplayOptions::default()
+        };
+        let verdict = replay_with(&c, off).await;
+        assert!(
+            matches!(verdict, Verdict::Diverged { .. }),
+            "{error} ms: {verdict}"
+        );
+    }
 }
 
 /// Without the kill, the restarted node still holds the first lock.

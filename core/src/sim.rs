@@ -581,11 +581,13 @@ impl fmt::Display for History {
 }
 
 /// SplitMix64: a tiny, good-enough generator, so the core needs no `rand`.
+/// The value is the state; the same seed gives the same sequence.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct SplitMix64(u64);
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -594,15 +596,15 @@ impl SplitMix64 {
     }
 
     /// Uniform in the inclusive range.
-    fn range(&mut self, (min, max): (u64, u64)) -> u64 {
+    pub fn range(&mut self, (min, max): (u64, u64)) -> u64 {
         match (max - min).checked_add(1) {
-            Some(span) => min + self.next() % span,
-            None => self.next(),
+            Some(span) => min + self.next_u64() % span,
+            None => self.next_u64(),
         }
     }
 
     fn chance(&mut self, percent: u8) -> bool {
-        percent > 0 && self.next() % 100 < u64::from(percent)
+        percent > 0 && self.next_u64() % 100 < u64::from(percent)
     }
 }
 
@@ -815,7 +817,7 @@ impl Sim {
         for i in 0..client_count {
             let token = Token(format!("c{i}"));
             let config = Config {
-                seed: seeds.next(),
+                seed: seeds.next_u64(),
                 ..cfg.config.clone()
             };
             let machine = Machine::new(cfg.protocol, &config, token.clone())?;

@@ -1,24 +1,45 @@
-//! Replays the model's shortest counterexamples on real Redis containers.
+//! Replays the model's counterexamples (and seeded random paths) on real
+//! Redis containers.
 //!
 //! ```text
-//! cargo run --release -p lockwright-chaos --bin replay -- [PROTOCOL|all] [FAULT|all]
+//! replay                              every violated cell, and 2 random paths of every run that holds
+//! replay PROTOCOL FAULT               that run's violated cells
+//! replay PROTOCOL FAULT PROPERTY      one cell, every step printed
+//! replay PROTOCOL FAULT seed=N        one random path, every step printed
+//! replay --markdown FILE              the whole suite, and its table written to FILE
 //! ```
 //!
-//! For every violated (protocol, fault, property) cell selected, it finds
-//! the shortest counterexample and executes it step by step on real Redis
-//! (see `lockwright_chaos::replay`), printing one line per cell, then a
-//! summary. Exit status 0 when every trace was reproduced, 1 when one
-//! diverged, 2 on a usage or harness error.
+//! Each replay executes the trace step by step on real Redis (see
+//! `lockwright_chaos::replay`) and requires Redis' replies and keys to equal
+//! the model's. Exit status 0 when everything agreed, 1 on a mismatch, 2 on
+//! a usage or harness error.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use lockwright_chaos::replay::{cases, Bench, ReplayOptions, Verdict};
+use lockwright_chaos::replay::{
+    cases, plan, random_path, Bench, ReplayOptions, Suite, Verdict, PATH_STEPS,
+};
+use lockwright_chaos::{check_environment, Availability, ChaosError};
 use lockwright_core::ProtocolId;
-use lockwright_model::Fault;
+use lockwright_model::{matrix, Fault, PropertyId};
 
-fn usage() -> ExitCode {
-    eprintln!("usage: replay [PROTOCOL|all] [FAULT|all]");
+enum Selection {
+    /// Everything; the table goes to this file when given.
+    All(Option<String>),
+    /// One run's violated cells.
+    Run(ProtocolId, Fault),
+    /// One cell, verbosely.
+    Cell(ProtocolId, Fault, PropertyId),
+    /// One random path, verbosely.
+    Path(ProtocolId, Fault, u64),
+}
+
+fn usage(error: &str) -> ExitCode {
+    if !error.is_empty() {
+        eprintln!("replay: {error}");
+    }
+    eprintln!("usage: replay [--markdown FILE] | PROTOCOL FAULT [PROPERTY | seed=N]");
     eprintln!(
         "protocols: {}",
         ProtocolId::all()
@@ -27,33 +48,47 @@ fn usage() -> ExitCode {
             .join(" ")
     );
     eprintln!("faults: {}", Fault::ALL.map(|f| f.to_string()).join(" "));
+    eprintln!(
+        "properties: {}",
+        PropertyId::ALL.map(|p| p.to_string()).join(" ")
+    );
     ExitCode::from(2)
+}
+
+fn parse(args: &[String]) -> Result<Selection, String> {
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    match args {
+        [] => Ok(Selection::All(None)),
+        [flag, file] if flag == "--markdown" => Ok(Selection::All(Some(file.clone()))),
+        [p, f, rest @ ..] if rest.len() <= 1 => {
+            let protocol: ProtocolId = p.parse().map_err(|e| text(&e))?;
+            let fault: Fault = f.parse().map_err(|e| text(&e))?;
+            match rest.first() {
+                None => Ok(Selection::Run(protocol, fault)),
+                Some(arg) => match arg.strip_prefix("seed=") {
+                    Some(seed) => seed
+                        .parse()
+                        .map(|seed| Selection::Path(protocol, fault, seed))
+                        .map_err(|e| format!("seed {seed:?}: {e}")),
+                    None => arg
+                        .parse()
+                        .map(|property| Selection::Cell(protocol, fault, property))
+                        .map_err(|e| text(&e)),
+                },
+            }
+        }
+        _ => Err("unexpected arguments".into()),
+    }
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() > 2 || args.iter().any(|a| a == "-h" || a == "--help") {
-        return usage();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        return usage("");
     }
-    let protocols: Vec<ProtocolId> = match args.first().map(String::as_str) {
-        None | Some("all") => ProtocolId::all().collect(),
-        Some(p) => match p.parse() {
-            Ok(p) => vec![p],
-            Err(e) => {
-                eprintln!("{e}");
-                return usage();
-            }
-        },
-    };
-    let faults: Vec<Fault> = match args.get(1).map(String::as_str) {
-        None | Some("all") => Fault::ALL.to_vec(),
-        Some(f) => match f.parse() {
-            Ok(f) => vec![f],
-            Err(e) => {
-                eprintln!("{e}");
-                return usage();
-            }
-        },
+    let selection = match parse(&args) {
+        Ok(s) => s,
+        Err(e) => return usage(&e),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -61,11 +96,11 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
+            eprintln!("replay: cannot start the runtime: {e}");
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(run(&protocols, &faults)) {
+    match runtime.block_on(run(selection)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -75,43 +110,80 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(
-    protocols: &[ProtocolId],
-    faults: &[Fault],
-) -> Result<bool, lockwright_chaos::ChaosError> {
-    if let lockwright_chaos::Availability::Skip(reason) = lockwright_chaos::check_environment()? {
-        return Err(lockwright_chaos::ChaosError::Unavailable(reason));
+async fn run(selection: Selection) -> Result<bool, ChaosError> {
+    if let Availability::Skip(reason) = check_environment()? {
+        return Err(ChaosError::Unavailable(reason));
     }
     let started = Instant::now();
     let mut bench = Bench::new();
-    let (mut reproduced, mut diverged) = (0, 0);
-    for &protocol in protocols {
-        for &fault in faults {
+    match selection {
+        Selection::Cell(protocol, fault, property) => {
+            let Some(case) = cases(protocol, fault)?
+                .into_iter()
+                .find(|c| c.property == property)
+            else {
+                println!("{protocol} × {fault} × {property} holds: there is no counterexample");
+                return Ok(true);
+            };
+            let r = bench
+                .replay(&case.model, &case.trace, ReplayOptions::default())
+                .await?;
+            println!("{}", r.log.join("\n"));
+            println!(
+                "{protocol} × {fault} × {property}: {}",
+                r.line(started.elapsed().as_secs_f64())
+            );
+            Ok(r.verdict == Verdict::Reproduced)
+        }
+        Selection::Path(protocol, fault, seed) => {
+            let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
+                .map_err(lockwright_model::docs::DocsError::from)?;
+            let trace = random_path(&model, seed, PATH_STEPS);
+            let r = bench
+                .replay(&model, &trace, ReplayOptions::default())
+                .await?;
+            println!("{}", r.log.join("\n"));
+            println!(
+                "{protocol} × {fault} seed {seed}: {}",
+                r.line(started.elapsed().as_secs_f64())
+            );
+            Ok(r.verdict == Verdict::Reproduced)
+        }
+        Selection::Run(protocol, fault) => {
+            let mut ok = true;
             for case in cases(protocol, fault)? {
                 let t = Instant::now();
                 let r = bench
                     .replay(&case.model, &case.trace, ReplayOptions::default())
                     .await?;
-                match r.verdict {
-                    Verdict::Reproduced => reproduced += 1,
-                    Verdict::Diverged { .. } => diverged += 1,
-                }
+                ok &= r.verdict == Verdict::Reproduced;
                 println!(
-                    "{protocol} × {fault} × {}: {} ({} steps, {} requests, {} key comparisons, {} container faults; {:.1} s)",
+                    "{protocol} × {fault} × {}: {}",
                     case.property,
-                    r.verdict,
-                    r.steps,
-                    r.requests,
-                    r.comparisons,
-                    r.node_faults,
-                    t.elapsed().as_secs_f64()
+                    r.line(t.elapsed().as_secs_f64())
                 );
             }
+            Ok(ok)
+        }
+        Selection::All(markdown) => {
+            let plan = plan(2)?;
+            println!(
+                "{} violated cells, {} runs with a property that holds; checked in {:.0} s",
+                plan.violated.len(),
+                plan.holds.len(),
+                started.elapsed().as_secs_f64()
+            );
+            let suite = Suite::run(&mut bench, &plan, |line| println!("{line}")).await?;
+            println!(
+                "{} ({:.0} s)",
+                suite.summary(),
+                started.elapsed().as_secs_f64()
+            );
+            if let Some(file) = markdown {
+                std::fs::write(&file, suite.markdown())?;
+                println!("wrote {file}");
+            }
+            Ok(suite.mismatches().is_empty())
         }
     }
-    println!(
-        "{reproduced} reproduced, {diverged} diverged, in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(diverged == 0)
 }
