@@ -112,86 +112,85 @@ fn committed_table() -> BTreeMap<String, String> {
         .collect()
 }
 
-async fn replay_with(c: &Case, options: ReplayOptions) -> Verdict {
+/// The faithful replay of `c` reproduces it, and the replay with
+/// `mutation` (a deliberate fault in the harness) diverges.
+async fn caught(c: &Case, mutation: ReplayOptions) {
     let mut bench = Bench::new();
-    bench
-        .replay(&c.model, &c.trace, options)
-        .await
-        .expect("the harness runs")
-        .verdict
+    let mut verdicts = Vec::new();
+    for options in [ReplayOptions::default(), mutation] {
+        let replay = bench.replay(&c.model, &c.trace, options).await;
+        verdicts.push(replay.expect("the harness runs").verdict);
+    }
+    assert_eq!(verdicts[0], Verdict::Reproduced);
+    let mutated = &verdicts[1];
+    assert!(
+        matches!(mutated, Verdict::Diverged { .. }),
+        "{} × {} with {mutation:?}: {mutated}",
+        c.protocol,
+        c.fault
+    );
 }
 
-/// With the node clocks left at 0 nothing expires, and the successor's
-/// `SET NX` that the model grants is refused by Redis.
+/// Deliberate faults in the harness, each of which a replay must catch:
+/// node clocks that stand still at 0 (nothing expires, and the successor's
+/// `SET NX` that the model grants is refused); node clocks one millisecond
+/// behind or ahead of the model's (a keyspace model whose keys expire one
+/// millisecond late or early: the stored deadlines differ); a restart or a
+/// failover that is not carried out (the node still holds the first lock).
 #[tokio::test]
-async fn a_replay_whose_node_clocks_stand_still_diverges() {
+async fn deliberate_faults_in_the_harness_are_caught() {
     if !docker_ready() {
         return;
     }
-    let c = case(
-        ProtocolId::SetPxGetDel,
-        Fault::Pause,
-        PropertyId::MutualExclusion,
-    );
-    assert_eq!(
-        replay_with(&c, ReplayOptions::default()).await,
-        Verdict::Reproduced
-    );
-    let frozen = ReplayOptions {
-        node_clocks: false,
-        ..ReplayOptions::default()
-    };
-    let verdict = replay_with(&c, frozen).await;
-    assert!(matches!(verdict, Verdict::Diverged { .. }), "{verdict}");
-}
-
-/// A keyspace model whose keys expire one millisecond late (every real
-/// node clock one millisecond behind the model's) is caught: the deadline
-/// Redis stores for the first `SET … PX` differs from the model's.
-#[tokio::test]
-async fn a_replay_one_millisecond_off_the_model_diverges() {
-    if !docker_ready() {
-        return;
-    }
-    let c = case(
-        ProtocolId::SetPxLua,
-        Fault::Pause,
-        PropertyId::MutualExclusion,
-    );
-    for error in [-1, 1] {
-        let off = ReplayOptions {
-            node_clock_error_ms: error,
-            ..ReplayOptions::default()
-        };
-        let verdict = replay_with(&c, off).await;
-        assert!(
-            matches!(verdict, Verdict::Diverged { .. }),
-            "{error} ms: {verdict}"
-        );
-    }
-}
-
-/// Without the kill, the restarted node still holds the first lock.
-#[tokio::test]
-async fn a_replay_that_skips_the_restart_diverges() {
-    if !docker_ready() {
-        return;
-    }
-    for fault in [Fault::Restart, Fault::Failover] {
-        let c = case(ProtocolId::SetPxLua, fault, PropertyId::MutualExclusion);
-        assert_eq!(
-            replay_with(&c, ReplayOptions::default()).await,
-            Verdict::Reproduced
-        );
-        let no_faults = ReplayOptions {
-            node_faults: false,
-            ..ReplayOptions::default()
-        };
-        let verdict = replay_with(&c, no_faults).await;
-        assert!(
-            matches!(verdict, Verdict::Diverged { .. }),
-            "{fault}: {verdict}"
-        );
+    let faithful = ReplayOptions::default();
+    let mutations = [
+        (
+            ProtocolId::SetPxGetDel,
+            Fault::Pause,
+            ReplayOptions {
+                node_clocks: false,
+                ..faithful
+            },
+        ),
+        (
+            ProtocolId::SetPxLua,
+            Fault::Pause,
+            ReplayOptions {
+                node_clock_error_ms: -1,
+                ..faithful
+            },
+        ),
+        (
+            ProtocolId::SetPxLua,
+            Fault::Pause,
+            ReplayOptions {
+                node_clock_error_ms: 1,
+                ..faithful
+            },
+        ),
+        (
+            ProtocolId::SetPxLua,
+            Fault::Restart,
+            ReplayOptions {
+                node_faults: false,
+                ..faithful
+            },
+        ),
+        (
+            ProtocolId::SetPxLua,
+            Fault::Failover,
+            ReplayOptions {
+                node_faults: false,
+                ..faithful
+            },
+        ),
+    ];
+    for (protocol, fault, mutation) in mutations {
+        caught(
+            &case(protocol, fault, PropertyId::MutualExclusion),
+            mutation,
+        )
+        .await;
     }
 }
 
