@@ -32,9 +32,13 @@
 //! `restart-delayed`); failover (a second container synced by real
 //! replication at the model's "replica catches up" step, detached
 //! otherwise, and made the clients' node at "promoted" with the old master
-//! killed); dead connections after a restart or failover; the protected
-//! resource (a Redis store of its own that refuses older fences in one
-//! script). Played by the harness: the network (a partitioned node's
+//! killed); dead connections after a restart or failover. A restart is a
+//! killed process, not a lost machine: the kernel's page cache survives
+//! SIGKILL, so `fsync always` is configured but not put to the test (the
+//! model has no power loss). Played by the harness: the protected resource
+//! (a Redis store of its own running the model's rule in one script: refuse
+//! an older fence, note a write whose ghost grant is older than one already
+//! written), the network (a partitioned node's
 //! requests and lost requests are not sent, a lost reply is read and
 //! dropped, a delayed message is sent when the model delivers it) and the
 //! clients (a paused or crashed client takes no step; a skewed client reads
@@ -161,6 +165,17 @@ pub enum ChaosError {
     /// The model checker could not produce the counterexamples to replay.
     #[error("model: {0}")]
     Model(#[from] lockwright_model::docs::DocsError),
+    /// A file could not be written.
+    #[error("writing {path}: {source}")]
+    Output {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A replay's harness failed; the text names the cell or path.
+    #[error("replay of {0}")]
+    Harness(String),
     /// A reply that the infrastructure did not expect.
     #[error("unexpected reply: {0}")]
     UnexpectedReply(String),
@@ -188,11 +203,17 @@ pub fn check_environment() -> Result<Availability, ChaosError> {
         },
         Some(reason) => reason,
     };
-    if std::env::var_os("CI").is_some() {
+    if in_ci() {
         return Err(ChaosError::Unavailable(reason));
     }
     eprintln!("\n*** SKIPPED: {reason} ***\n");
     Ok(Availability::Skip(reason))
+}
+
+/// Is the environment variable `CI` set to something other than empty,
+/// `0` or `false`?
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
 
 /// `n` Redis masters on two networks of their own (clients, peers).

@@ -36,7 +36,7 @@
 //!   reading the model's clocks; nothing real is needed for them.
 //!
 //! Keys are compared through a separate connection per node (`KEYS`, the
-//! value, `PEXPIRETIME`) right after each step that touches the node; a read
+//! value, `PEXPIRETIME`) on every node that is up, after every step; a read
 //! deletes only keys that are already expired, as the model's own purge
 //! after each delivery does.
 
@@ -115,6 +115,8 @@ pub struct Replay {
     pub comparisons: usize,
     /// Container faults carried out (kills, starts, syncs, promotions).
     pub node_faults: usize,
+    /// Replica syncs by real replication (the model's "replica catches up").
+    pub replications: usize,
     /// One line per step taken: the model's account of the action and, for
     /// a request, Redis' answer beside the model's.
     pub log: Vec<String>,
@@ -230,9 +232,10 @@ pub fn plan(threads: usize) -> Result<Plan, ChaosError> {
 
 /// A seeded random path of `model`: from the initial state, each step one
 /// of the enabled actions (faults included) drawn at random, until none is
-/// enabled or `max_steps` were taken. Letting time pass weighs half as much
-/// as any other action (a drawn tick is drawn again once), so that paths do
-/// not race to the horizon. The same seed gives the same path.
+/// enabled or `max_steps` were taken. A drawn tick is drawn again once, so
+/// that letting time pass weighs `1/(n+1)` of any other action (`n` actions
+/// enabled) and paths do not race to the horizon. The same seed gives the
+/// same path.
 pub fn random_path(model: &LockModel, seed: u64, max_steps: usize) -> Trace {
     let mut rng = SplitMix64(seed);
     let mut state = model.initial();
@@ -323,7 +326,13 @@ impl Suite {
             let started = std::time::Instant::now();
             let replay = bench
                 .replay(&case.model, &case.trace, ReplayOptions::default())
-                .await?;
+                .await
+                .map_err(|e| {
+                    ChaosError::Harness(format!(
+                        "{} × {} × {}: {e}",
+                        case.protocol, case.fault, case.property
+                    ))
+                })?;
             let cell = CellReplay {
                 protocol: case.protocol,
                 fault: case.fault,
@@ -347,7 +356,13 @@ impl Suite {
                 let trace = random_path(model, seed, PATH_STEPS);
                 let replay = bench
                     .replay(model, &trace, ReplayOptions::default())
-                    .await?;
+                    .await
+                    .map_err(|e| {
+                        ChaosError::Harness(format!(
+                            "{} × {} seed {seed}: {e}",
+                            model.cfg.protocol, model.cfg.fault
+                        ))
+                    })?;
                 let path = PathReplay {
                     protocol: model.cfg.protocol,
                     fault: model.cfg.fault,
@@ -361,7 +376,9 @@ impl Suite {
                     suite.paths.len() + 1,
                     path.protocol,
                     path.fault,
-                    path.replay.line(path.seconds)
+                    path.replay
+                        .line(path.seconds)
+                        .replacen("reproduced", "agreed", 1)
                 ));
                 suite.paths.push(path);
             }
@@ -445,16 +462,39 @@ impl Suite {
                 p.replay.node_faults
             );
         }
+        let synced = |replays: Vec<&Replay>| {
+            let with = replays.iter().filter(|r| r.replications > 0).count();
+            (with, replays.len())
+        };
+        let failover = Fault::Failover;
+        let (cells_synced, cells_failover) = synced(
+            self.cells
+                .iter()
+                .filter(|c| c.fault == failover)
+                .map(|c| &c.replay)
+                .collect(),
+        );
+        let (paths_synced, paths_failover) = synced(
+            self.paths
+                .iter()
+                .filter(|p| p.fault == failover)
+                .map(|p| &p.replay)
+                .collect(),
+        );
         format!(
-            "{PAGE_HEAD}\n**{}.**\n\n## Violated cells\n\n\
+            "{PAGE_HEAD}\n\
+Failover coverage: {cells_synced} of the {cells_failover} failover counterexamples and \
+{paths_synced} of the {paths_failover} failover paths sync the replica by replication before \
+the promotion; the others promote a replica that never synced, which on the server is an \
+empty node taking the master's place.\n\n**{}.**\n\n## Violated cells\n\n\
 | protocol | fault | property | on real Redis | steps | requests | seconds |\n\
 |---|---|---|---|---|---|---|\n\
 {cells}\n\
 ## Random paths of the runs that hold\n\n\
 For every (protocol, fault) run with a property that holds, {PATHS_PER_RUN} seeded random paths \
-of the model (each step one of the enabled actions, faults included, letting time pass at half \
-the weight of any other action, at most {PATH_STEPS} steps) are replayed the same way: the model \
-and Redis must agree at every step.\n\n\
+of the model (each step one of the enabled actions, at most one fault per path as in the \
+model, a drawn tick drawn again once so that time passes less often, at most {PATH_STEPS} \
+steps) are replayed the same way: the model and Redis must agree at every step.\n\n\
 | protocol | fault | holds | seed | Redis and the model | steps | requests | container faults |\n\
 |---|---|---|---|---|---|---|---|\n\
 {paths}",
@@ -475,18 +515,19 @@ Each row is the model checker's shortest counterexample for one violated cell (t
 the protocol's page), executed action by action on Redis 7 containers: the requests the core \
 machines emitted, sent with the adapter's encoding on one connection per (client, node); every \
 node's wall clock frozen by libfaketime at the model's node clock; restarts as SIGKILL and start \
-of the container (AOF `fsync always` for `restart-persisted`); failover as a second container \
-that syncs from the master by real replication at the model's \"replica catches up\" step and \
-becomes the clients' node at \"promoted\", the old master killed; the protected resource as a \
-Redis store of its own that refuses older fences in one script. A step agrees when Redis' reply \
-equals the model's and, after it, every key, value and expiry deadline on the node equals the \
-model's (and the store equals the model's resource).
+of the container (AOF `fsync always` for `restart-persisted`; a killed process keeps the \
+kernel's page cache, so the fsync itself is not put to the test); failover as a second \
+container that syncs from the master by real replication at the model's \"replica catches up\" \
+step and becomes the clients' node at \"promoted\", the old master killed. A step agrees when \
+Redis' reply equals the model's and, after it, every key, value and expiry deadline on every \
+node that is up equals the model's.
 
 What the harness plays rather than makes real: the network (a partitioned node's requests and \
 lost requests are not sent, a lost reply is read and dropped, a delayed message is sent when the \
-model delivers it) and the clients (a paused or crashed client takes no step, a skewed client \
-reads the model's clock). The grant order that decides a stale write is the model's ghost, sent \
-to the store as data.
+model delivers it), the clients (a paused or crashed client takes no step, a skewed client \
+reads the model's clock) and the protected resource (a Redis store of its own running the \
+model's rule in one script, fed the model's ghost grant order: it checks that the writes arrive \
+as the model says, not the rule itself).
 ";
 
 /// The containers replays run on, started when first needed and reused
@@ -603,6 +644,7 @@ impl Bench {
                 requests: 0,
                 comparisons: 0,
                 node_faults: 0,
+                replications: 0,
                 log: Vec::new(),
                 verdict: Verdict::Reproduced,
             },
@@ -850,7 +892,10 @@ impl Run<'_> {
             | Action::Heal(_) => Vec::new(),
         };
         self.set_clocks(next)?;
-        for node in touched {
+        // The node the step touched first, then every other one: a change
+        // the model makes to a node it does not send to shows at once.
+        let others = (0..next.nodes.len() as u8).filter(|n| !touched.contains(n));
+        for node in touched.iter().copied().chain(others) {
             if let Some(what) = self.compare_node(next, node).await? {
                 return Ok(Some(what));
             }
@@ -1021,6 +1066,7 @@ impl Run<'_> {
             .await?;
         cluster.node(replica).promote().await?;
         self.report.node_faults += 1;
+        self.report.replications += 1;
         Ok(())
     }
 

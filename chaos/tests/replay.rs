@@ -134,8 +134,8 @@ async fn caught(c: &Case, mutation: ReplayOptions) {
 /// Deliberate faults in the harness, each of which a replay must catch:
 /// node clocks that stand still at 0 (nothing expires, and the successor's
 /// `SET NX` that the model grants is refused); node clocks one millisecond
-/// behind or ahead of the model's (a keyspace model whose keys expire one
-/// millisecond late or early: the stored deadlines differ); a restart or a
+/// behind or ahead of the model's (the deadline Redis stores for the first
+/// `SET … PX` differs from the model's by that millisecond); a restart or a
 /// failover that is not carried out (the node still holds the first lock).
 #[tokio::test]
 async fn deliberate_faults_in_the_harness_are_caught() {

@@ -1169,15 +1169,6 @@ fn same_data(a: &Keyspace, b: &Keyspace) -> bool {
 /// A short rendering of a command, as `redis-cli` would show it.
 pub fn command_text(c: &Command) -> String {
     match c {
-        Command::Set { .. }
-        | Command::SetNx { .. }
-        | Command::Get { .. }
-        | Command::GetSet { .. }
-        | Command::Del { .. }
-        | Command::Expire { .. }
-        | Command::PExpire { .. }
-        | Command::Ttl { .. }
-        | Command::Watch { .. } => c.argv().unwrap_or_default().join(" "),
         Command::Transaction(cmds) => format!(
             "MULTI; {}; EXEC",
             cmds.iter().map(command_text).collect::<Vec<_>>().join("; ")
@@ -1190,7 +1181,10 @@ pub fn command_text(c: &Command) -> String {
                 args.join(" ")
             )
         }
-        other => format!("{other:?}"),
+        other => match other.argv() {
+            Some(argv) => argv.join(" "),
+            None => format!("{other:?}"),
+        },
     }
 }
 

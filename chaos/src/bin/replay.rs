@@ -35,24 +35,36 @@ enum Selection {
     Path(ProtocolId, Fault, u64),
 }
 
-fn usage(error: &str) -> ExitCode {
-    if !error.is_empty() {
-        eprintln!("replay: {error}");
-    }
-    eprintln!("usage: replay [--markdown FILE] | PROTOCOL FAULT [PROPERTY | seed=N]");
-    eprintln!(
-        "protocols: {}",
+fn usage_text() -> String {
+    format!(
+        "usage: replay [--markdown FILE] | PROTOCOL FAULT [PROPERTY | seed=N]\n\
+         protocols: {}\nfaults: {}\nproperties: {}",
         ProtocolId::all()
             .map(|p| p.to_string())
             .collect::<Vec<_>>()
-            .join(" ")
-    );
-    eprintln!("faults: {}", Fault::ALL.map(|f| f.to_string()).join(" "));
-    eprintln!(
-        "properties: {}",
+            .join(" "),
+        Fault::ALL.map(|f| f.to_string()).join(" "),
         PropertyId::ALL.map(|p| p.to_string()).join(" ")
-    );
+    )
+}
+
+fn usage(error: &str) -> ExitCode {
+    eprintln!("replay: {error}\n{}", usage_text());
     ExitCode::from(2)
+}
+
+/// [`say`] with `format!` arguments.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        say(&format!($($arg)*))
+    };
+}
+
+/// One line to standard output; a closed pipe (`| head`) is not an error
+/// worth a panic, so a failed write is dropped.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 fn parse(args: &[String]) -> Result<Selection, String> {
@@ -84,7 +96,8 @@ fn parse(args: &[String]) -> Result<Selection, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
-        return usage("");
+        say(&usage_text());
+        return ExitCode::SUCCESS;
     }
     let selection = match parse(&args) {
         Ok(s) => s,
@@ -100,7 +113,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(run(selection)) {
+    // On Ctrl-C the run future is dropped, and with it the containers.
+    let interrupted = runtime.block_on(async {
+        tokio::select! {
+            result = run(selection) => Some(result),
+            _ = tokio::signal::ctrl_c() => None,
+        }
+    });
+    let Some(result) = interrupted else {
+        eprintln!("replay: interrupted; containers removed");
+        return ExitCode::from(130);
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -122,14 +146,14 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
                 .into_iter()
                 .find(|c| c.property == property)
             else {
-                println!("{protocol} × {fault} × {property} holds: there is no counterexample");
+                out!("{protocol} × {fault} × {property} holds: there is no counterexample");
                 return Ok(true);
             };
             let r = bench
                 .replay(&case.model, &case.trace, ReplayOptions::default())
                 .await?;
-            println!("{}", r.log.join("\n"));
-            println!(
+            out!("{}", r.log.join("\n"));
+            out!(
                 "{protocol} × {fault} × {property}: {}",
                 r.line(started.elapsed().as_secs_f64())
             );
@@ -142,8 +166,8 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
             let r = bench
                 .replay(&model, &trace, ReplayOptions::default())
                 .await?;
-            println!("{}", r.log.join("\n"));
-            println!(
+            out!("{}", r.log.join("\n"));
+            out!(
                 "{protocol} × {fault} seed {seed}: {}",
                 r.line(started.elapsed().as_secs_f64())
             );
@@ -151,13 +175,17 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
         }
         Selection::Run(protocol, fault) => {
             let mut ok = true;
-            for case in cases(protocol, fault)? {
+            let cases = cases(protocol, fault)?;
+            if cases.is_empty() {
+                out!("{protocol} × {fault}: every property holds, there is no counterexample to replay (try `seed=N` for a random path)");
+            }
+            for case in cases {
                 let t = Instant::now();
                 let r = bench
                     .replay(&case.model, &case.trace, ReplayOptions::default())
                     .await?;
                 ok &= r.verdict == Verdict::Reproduced;
-                println!(
+                out!(
                     "{protocol} × {fault} × {}: {}",
                     case.property,
                     r.line(t.elapsed().as_secs_f64())
@@ -166,22 +194,34 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
             Ok(ok)
         }
         Selection::All(markdown) => {
+            let output = |path: &String, source| ChaosError::Output {
+                path: path.clone(),
+                source,
+            };
+            if let Some(file) = &markdown {
+                // Fail now, not after the whole run, when the file cannot be written.
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(file)
+                    .map_err(|e| output(file, e))?;
+            }
             let plan = plan(2)?;
-            println!(
+            out!(
                 "{} violated cells, {} runs with a property that holds; checked in {:.0} s",
                 plan.violated.len(),
                 plan.holds.len(),
                 started.elapsed().as_secs_f64()
             );
-            let suite = Suite::run(&mut bench, &plan, |line| println!("{line}")).await?;
-            println!(
+            let suite = Suite::run(&mut bench, &plan, say).await?;
+            out!(
                 "{} ({:.0} s)",
                 suite.summary(),
                 started.elapsed().as_secs_f64()
             );
             if let Some(file) = markdown {
-                std::fs::write(&file, suite.markdown())?;
-                println!("wrote {file}");
+                std::fs::write(&file, suite.markdown()).map_err(|e| output(&file, e))?;
+                out!("wrote {file}");
             }
             Ok(suite.mismatches().is_empty())
         }
