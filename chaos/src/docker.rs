@@ -82,3 +82,73 @@ pub(crate) fn unavailable_reason(image: &str) -> Option<String> {
     }
     None
 }
+
+/// The process id a chaos resource name carries after `prefix`
+/// (`lockwright-chaos-<pid>-…`, `lockwright-faketime-<pid>-…`).
+fn owner_pid(name: &str, prefix: &str) -> Option<u32> {
+    name.strip_prefix(prefix)?.split('-').next()?.parse().ok()
+}
+
+/// Is a process with this id alive on this machine?
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes what chaos runs of processes that no longer exist left behind
+/// (a run killed before it could clean up): their containers, networks and
+/// clock directories. Best effort: a failure leaves them for the next run.
+pub(crate) fn remove_leftovers() {
+    const NAMES: &str = "lockwright-chaos-";
+    let dead = |name: &&str| owner_pid(name, NAMES).is_some_and(|pid| !alive(pid));
+    if let Ok(names) = docker_blocking(&[
+        "ps",
+        "-a",
+        "--filter",
+        "label=org.lockwright.chaos",
+        "--format",
+        "{{.Names}}",
+    ]) {
+        let gone: Vec<&str> = names.lines().filter(dead).collect();
+        if !gone.is_empty() {
+            eprintln!("removing {} containers of earlier chaos runs", gone.len());
+            let _ = docker_blocking(&[&["rm", "-f"][..], &gone].concat());
+        }
+    }
+    if let Ok(names) = docker_blocking(&["network", "ls", "--format", "{{.Name}}"]) {
+        for network in names.lines().filter(dead) {
+            let _ = docker_blocking(&["network", "rm", network]);
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if owner_pid(&name, "lockwright-faketime-").is_some_and(|pid| !alive(pid)) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_of_a_resource_is_read_from_its_name() {
+        assert_eq!(
+            owner_pid("lockwright-chaos-4242-3-1a2b-0", "lockwright-chaos-"),
+            Some(4242)
+        );
+        assert_eq!(
+            owner_pid("lockwright-chaos-4242-3-1a2b-peers", "lockwright-chaos-"),
+            Some(4242)
+        );
+        assert_eq!(
+            owner_pid("lockwright-faketime-17-0-99", "lockwright-faketime-"),
+            Some(17)
+        );
+        assert_eq!(owner_pid("bridge", "lockwright-chaos-"), None);
+        assert_eq!(owner_pid("lockwright-chaos-x-1", "lockwright-chaos-"), None);
+        assert!(alive(std::process::id()));
+    }
+}

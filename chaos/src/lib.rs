@@ -191,6 +191,9 @@ pub enum Availability {
 }
 
 /// Checks Docker and the default image, and starts the API shim if needed.
+/// When they are ready, it removes the containers, networks and clock
+/// directories of earlier chaos runs whose process no longer exists (a run
+/// killed before it could clean up).
 ///
 /// Outside CI a missing piece gives [`Availability::Skip`] after printing
 /// `SKIPPED: <reason>` to stderr; with the environment variable `CI` set it
@@ -198,7 +201,10 @@ pub enum Availability {
 pub fn check_environment() -> Result<Availability, ChaosError> {
     let reason = match docker::unavailable_reason(&default_image()) {
         None => match api_shim::ensure() {
-            Ok(_) => return Ok(Availability::Ready),
+            Ok(_) => {
+                docker::remove_leftovers();
+                return Ok(Availability::Ready);
+            }
             Err(error) => error.to_string(),
         },
         Some(reason) => reason,
