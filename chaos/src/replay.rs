@@ -50,7 +50,7 @@ use lockwright_core::keyspace::{Entry, Reply, Value};
 use lockwright_core::sim::SplitMix64;
 use lockwright_core::ProtocolId;
 use lockwright_core::{Millis, Outcome};
-use lockwright_model::docs::shortest_counterexamples;
+use lockwright_model::docs::CellResult;
 use lockwright_model::matrix::{self, Trace, Verdict as CheckVerdict};
 use lockwright_model::model::Phase;
 use lockwright_model::{Action, Fault, LockModel, PropertyId, State};
@@ -163,27 +163,8 @@ pub struct Case {
 /// The violated cells of one (protocol, fault) run with their shortest
 /// counterexamples (the same search the docs use), in property order.
 pub fn cases(protocol: ProtocolId, fault: Fault) -> Result<Vec<Case>, ChaosError> {
-    let run = matrix::check(protocol, fault, 1, false)
-        .map_err(lockwright_model::docs::DocsError::from)?;
-    let violated: Vec<PropertyId> = run
-        .cells
-        .iter()
-        .filter(|c| c.verdict == CheckVerdict::Violated)
-        .map(|c| c.property)
-        .collect();
-    let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
-        .map_err(lockwright_model::docs::DocsError::from)?;
-    let traces = shortest_counterexamples(&model, &violated)?;
-    Ok(traces
-        .into_iter()
-        .map(|(property, trace)| Case {
-            protocol,
-            fault,
-            property,
-            model: model.clone(),
-            trace,
-        })
-        .collect())
+    let result = lockwright_model::docs::compute_cell(protocol, fault)?;
+    Ok(split(protocol, fault, result)?.0)
 }
 
 /// What a whole-matrix replay runs: the shortest counterexample of every
@@ -206,28 +187,42 @@ pub fn plan(threads: usize) -> Result<Plan, ChaosError> {
         holds: Vec::new(),
     };
     for ((protocol, fault), result) in computed.results {
-        let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
-            .map_err(lockwright_model::docs::DocsError::from)?;
-        let holding: Vec<PropertyId> = result
-            .cells
-            .iter()
-            .filter(|c| c.verdict == CheckVerdict::Holds)
-            .map(|c| c.property)
-            .collect();
+        let (cases, model, holding) = split(protocol, fault, result)?;
+        plan.violated.extend(cases);
         if !holding.is_empty() {
-            plan.holds.push((model.clone(), holding));
-        }
-        for (property, trace) in result.traces {
-            plan.violated.push(Case {
-                protocol,
-                fault,
-                property,
-                model: model.clone(),
-                trace,
-            });
+            plan.holds.push((model, holding));
         }
     }
     Ok(plan)
+}
+
+/// One run's checker result as replay cases (one per violated property),
+/// the run's model, and the properties that hold.
+fn split(
+    protocol: ProtocolId,
+    fault: Fault,
+    result: CellResult,
+) -> Result<(Vec<Case>, LockModel, Vec<PropertyId>), ChaosError> {
+    let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
+        .map_err(lockwright_model::docs::DocsError::from)?;
+    let holding = result
+        .cells
+        .iter()
+        .filter(|c| c.verdict == CheckVerdict::Holds)
+        .map(|c| c.property)
+        .collect();
+    let cases = result
+        .traces
+        .into_iter()
+        .map(|(property, trace)| Case {
+            protocol,
+            fault,
+            property,
+            model: model.clone(),
+            trace,
+        })
+        .collect();
+    Ok((cases, model, holding))
 }
 
 /// A seeded random path of `model`: from the initial state, each step one
@@ -462,22 +457,21 @@ impl Suite {
                 p.replay.node_faults
             );
         }
-        let synced = |replays: Vec<&Replay>| {
-            let with = replays.iter().filter(|r| r.replications > 0).count();
-            (with, replays.len())
+        let synced = |fault_replays: Vec<&Replay>| {
+            let with = fault_replays.iter().filter(|r| r.replications > 0).count();
+            (with, fault_replays.len())
         };
-        let failover = Fault::Failover;
         let (cells_synced, cells_failover) = synced(
             self.cells
                 .iter()
-                .filter(|c| c.fault == failover)
+                .filter(|c| c.fault == Fault::Failover)
                 .map(|c| &c.replay)
                 .collect(),
         );
         let (paths_synced, paths_failover) = synced(
             self.paths
                 .iter()
-                .filter(|p| p.fault == failover)
+                .filter(|p| p.fault == Fault::Failover)
                 .map(|p| &p.replay)
                 .collect(),
         );
@@ -766,11 +760,7 @@ impl Run<'_> {
         self.set_clocks(first)?;
         for (n, node) in first.nodes.iter().enumerate() {
             let now = node.now(first.time);
-            let entries: Vec<(String, Entry)> = node
-                .keyspace
-                .live(now)
-                .map(|(k, e)| (k.to_owned(), e.clone()))
-                .collect();
+            let entries = live(&node.keyspace, now);
             let conn = self.admin(self.slots[n]).await?;
             for (key, entry) in entries {
                 load(conn, &key, &entry).await?;

@@ -186,7 +186,9 @@ pub fn compute(threads: usize) -> Result<Computed, DocsError> {
     Ok(Computed { results })
 }
 
-fn compute_cell(protocol: ProtocolId, fault: Fault) -> Result<CellResult, DocsError> {
+/// Check one (protocol, fault) run and find the shortest counterexample of
+/// every violated property: one cell of [`compute`].
+pub fn compute_cell(protocol: ProtocolId, fault: Fault) -> Result<CellResult, DocsError> {
     let run = matrix::check(protocol, fault, 1, false)?;
     let violated: Vec<PropertyId> = run
         .cells

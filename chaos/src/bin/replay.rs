@@ -22,7 +22,8 @@ use lockwright_chaos::replay::{
 };
 use lockwright_chaos::{check_environment, Availability, ChaosError};
 use lockwright_core::ProtocolId;
-use lockwright_model::{matrix, Fault, PropertyId};
+use lockwright_model::matrix::{self, Trace};
+use lockwright_model::{Fault, LockModel, PropertyId};
 
 enum Selection {
     /// Everything; the table goes to this file when given.
@@ -134,6 +135,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// One replay with every step printed, then its line; `true` when it agreed.
+async fn verbose(
+    bench: &mut Bench,
+    model: &LockModel,
+    trace: &Trace,
+    label: &str,
+    started: Instant,
+) -> Result<bool, ChaosError> {
+    let r = bench.replay(model, trace, ReplayOptions::default()).await?;
+    out!("{}", r.log.join("\n"));
+    out!("{label}: {}", r.line(started.elapsed().as_secs_f64()));
+    Ok(r.verdict == Verdict::Reproduced)
+}
+
 async fn run(selection: Selection) -> Result<bool, ChaosError> {
     if let Availability::Skip(reason) = check_environment()? {
         return Err(ChaosError::Unavailable(reason));
@@ -149,29 +164,15 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
                 out!("{protocol} × {fault} × {property} holds: there is no counterexample");
                 return Ok(true);
             };
-            let r = bench
-                .replay(&case.model, &case.trace, ReplayOptions::default())
-                .await?;
-            out!("{}", r.log.join("\n"));
-            out!(
-                "{protocol} × {fault} × {property}: {}",
-                r.line(started.elapsed().as_secs_f64())
-            );
-            Ok(r.verdict == Verdict::Reproduced)
+            let label = format!("{protocol} × {fault} × {property}");
+            verbose(&mut bench, &case.model, &case.trace, &label, started).await
         }
         Selection::Path(protocol, fault, seed) => {
             let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
                 .map_err(lockwright_model::docs::DocsError::from)?;
             let trace = random_path(&model, seed, PATH_STEPS);
-            let r = bench
-                .replay(&model, &trace, ReplayOptions::default())
-                .await?;
-            out!("{}", r.log.join("\n"));
-            out!(
-                "{protocol} × {fault} seed {seed}: {}",
-                r.line(started.elapsed().as_secs_f64())
-            );
-            Ok(r.verdict == Verdict::Reproduced)
+            let label = format!("{protocol} × {fault} seed {seed}");
+            verbose(&mut bench, &model, &trace, &label, started).await
         }
         Selection::Run(protocol, fault) => {
             let mut ok = true;
