@@ -1,7 +1,7 @@
 //! Construction parameters, validated into typed errors.
 
 use crate::catalogue::ProtocolId;
-use crate::protocol::Backoff;
+use crate::engine::Backoff;
 
 /// The largest TTL accepted, in ms: 2^53 − 1. Redis accepts `PX` up to
 /// `i64::MAX − now`, and Lua turns `ARGV` numbers into doubles, which are
@@ -156,7 +156,7 @@ impl Config {
     }
 
     /// A backoff built from the retry fields.
-    pub fn backoff(&self) -> Backoff {
+    pub(crate) fn backoff(&self) -> Backoff {
         Backoff::new(
             self.retry_base_ms,
             self.retry_max_ms,

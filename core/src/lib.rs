@@ -57,6 +57,7 @@
 
 pub mod catalogue;
 pub mod config;
+pub(crate) mod engine;
 pub mod keyspace;
 pub mod locks;
 pub mod protocol;

@@ -29,12 +29,11 @@
 
 use crate::catalogue::{Kind, Machine, ProtocolId};
 use crate::config::{Config, ConfigError, MAX_TTL_MS};
+use crate::engine::{error_in, inner_id, own_id, split_id, Backoff, Outbox, Timer, TimerTable};
 use crate::keyspace::{Command, Reply, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Backoff, Event, Lease, NodeId, Outbox, Outcome, Protocol, ProtocolError, Request,
-    RequestId, Timers, Token,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
 };
-use crate::semaphores::{error_in, inner_id, own_id, split_id};
 use crate::time::Millis;
 use std::collections::VecDeque;
 
@@ -95,7 +94,7 @@ enum State {
         key: String,
         wait_until: Option<Millis>,
     },
-    /// Lost the lock; re-read at the `REREAD` timer until `wait_until`.
+    /// Lost the lock; re-read at the `Timer::Reread` timer until `wait_until`.
     Waiting {
         key: String,
         wait_until: Millis,
@@ -121,10 +120,6 @@ enum State {
     },
 }
 
-const REREAD: usize = 0;
-const LOAD_DEADLINE: usize = 1;
-const REPLY: usize = 2;
-
 /// A single-flight cache guard. See the [module docs](self).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StampedeGuard {
@@ -135,7 +130,7 @@ pub struct StampedeGuard {
     poll: Backoff,
     lock: Option<Box<Machine>>,
     state: State,
-    timers: Timers<3>,
+    timers: TimerTable,
     out: Outbox,
     events: VecDeque<StampedeEvent>,
 }
@@ -175,7 +170,7 @@ impl StampedeGuard {
             poll: Backoff::new(poll_ms, poll_ms, config.retry_jitter_percent, config.seed),
             lock: None,
             state: State::Idle,
-            timers: Timers::default(),
+            timers: TimerTable::default(),
             out: Outbox::default(),
             events: VecDeque::new(),
         })
@@ -223,7 +218,7 @@ impl StampedeGuard {
             expiry: SetExpiry::Px(self.cache_ttl_ms),
             get: false,
         };
-        self.timers.clear(LOAD_DEADLINE);
+        self.timers.clear(Timer::LoadDeadline);
         let req = self.send(now, command);
         self.state = State::Filling { req };
         Ok(())
@@ -234,7 +229,7 @@ impl StampedeGuard {
         if !matches!(self.state, State::Loading { .. }) {
             return Err(StampedeError::NotLoading);
         }
-        self.timers.clear(LOAD_DEADLINE);
+        self.timers.clear(Timer::LoadDeadline);
         self.unlock(now, Then::Abandoned);
         Ok(())
     }
@@ -260,7 +255,7 @@ impl StampedeGuard {
         if current != inner {
             return;
         }
-        self.timers.clear(REPLY);
+        self.timers.clear(Timer::Reply);
         let state = std::mem::replace(&mut self.state, State::Idle);
         let reply = match outcome {
             Outcome::Reply(reply) => match error_in(&reply) {
@@ -320,10 +315,10 @@ impl StampedeGuard {
                 self.pump_lock(now);
             }
         }
-        let due: Vec<usize> = self.timers.expire(now).collect();
+        let due = self.timers.expire(now);
         for timer in due {
             match (timer, &self.state) {
-                (REREAD, State::Waiting { key, wait_until }) => {
+                (Timer::Reread, State::Waiting { key, wait_until }) => {
                     let (key, wait_until) = (key.clone(), *wait_until);
                     let req = self.read(now, &key);
                     self.state = State::Rereading {
@@ -332,9 +327,9 @@ impl StampedeGuard {
                         wait_until,
                     };
                 }
-                (LOAD_DEADLINE, State::Loading { .. }) => self.load_timed_out(),
-                (REPLY, State::Reading { req, .. } | State::Rereading { req, .. })
-                | (REPLY, State::Filling { req }) => {
+                (Timer::LoadDeadline, State::Loading { .. }) => self.load_timed_out(),
+                (Timer::Reply, State::Reading { req, .. } | State::Rereading { req, .. })
+                | (Timer::Reply, State::Filling { req }) => {
                     let id = own_id(*req);
                     self.handle_reply(now, id, Outcome::Unknown);
                 }
@@ -382,7 +377,7 @@ impl StampedeGuard {
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
         if let Some(t) = self.lock_config.reply_timeout_ms {
-            self.timers.set(REPLY, now + t);
+            self.timers.set(Timer::Reply, now + t);
         }
         self.out.send(NodeId(0), command)
     }
@@ -420,7 +415,7 @@ impl StampedeGuard {
     }
 
     fn wait(&mut self, now: Millis, key: String, wait_until: Millis) {
-        self.timers.set(REREAD, now + self.poll.next_delay());
+        self.timers.set(Timer::Reread, now + self.poll.next_delay());
         self.state = State::Waiting { key, wait_until };
     }
 
@@ -457,7 +452,7 @@ impl StampedeGuard {
             match (&self.state, event) {
                 (State::Locking { key, .. }, Event::Acquired(lease)) => {
                     let key = key.clone();
-                    self.timers.set(LOAD_DEADLINE, lease.valid_until);
+                    self.timers.set(Timer::LoadDeadline, lease.valid_until);
                     self.state = State::Loading { key, lease };
                     self.events.push_back(StampedeEvent::Load);
                 }

@@ -16,10 +16,11 @@
 //! [`Grant::FencedScript`]).
 
 use crate::config::{Config, ConfigError};
+use crate::engine::{Scaffold, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Event, Fence, Lease, Outcome, ProtocolError, RequestId, Scaffold, Token, UsageError,
+    Acquire, Event, Fence, Lease, Outcome, ProtocolError, Request, RequestId, Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -113,11 +114,6 @@ enum State {
     },
 }
 
-const RETRY: usize = 0;
-const EXPIRY: usize = 1;
-const RENEW: usize = 2;
-const REPLY: usize = 3;
-
 /// A `SET NX PX` lease lock, parameterised by its guard and grant style.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct LeaseLock {
@@ -132,7 +128,7 @@ pub(crate) struct LeaseLock {
     guard: Guard,
     grant: Grant,
     state: State,
-    base: Scaffold<4>,
+    base: Scaffold,
 }
 
 impl LeaseLock {
@@ -166,7 +162,7 @@ impl LeaseLock {
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
         self.base
-            .send(now, crate::protocol::NodeId(0), REPLY, command)
+            .send(now, crate::protocol::NodeId(0), Timer::Reply, command)
     }
 
     fn lease_from(&self, sent_at: Millis, fence: Option<Fence>) -> Lease {
@@ -294,11 +290,11 @@ impl LeaseLock {
     }
 
     fn hold(&mut self, lease: Lease, renew_from: Millis) {
-        self.base.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(Timer::Expiry, lease.valid_until);
         if self.auto_renew {
             self.base
                 .timers
-                .set(RENEW, renew_from + (self.ttl_ms / 3).max(1));
+                .set(Timer::Renew, renew_from + (self.ttl_ms / 3).max(1));
         }
         self.state = State::Held { lease, renew_from };
     }
@@ -310,7 +306,7 @@ impl LeaseLock {
 
     /// A failed attempt: retry after a jittered delay if the deadline allows.
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+        self.state = if self.base.retry_or_deny(now, how) {
             State::BackingOff { how }
         } else {
             State::Idle
@@ -329,7 +325,7 @@ impl LeaseLock {
     }
 
     fn start_extend(&mut self, now: Millis, lease: Lease, automatic: bool) {
-        self.base.timers.clear(RENEW);
+        self.base.timers.clear(Timer::Renew);
         let (req, step) = self.start_conditional(now, Act::Expire);
         self.state = State::Extending {
             req,
@@ -417,7 +413,7 @@ impl LeaseLock {
         if current != id {
             return;
         }
-        self.base.timers.clear(REPLY);
+        self.base.timers.clear(Timer::Reply);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             (State::Acquiring { sent_at, how, .. }, outcome) => {
@@ -559,7 +555,7 @@ impl LeaseLock {
             self.base.out.emit(Event::Lost);
             return;
         }
-        self.base.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(Timer::Expiry, lease.valid_until);
         self.state = State::Held {
             renew_from: now,
             lease,
@@ -570,12 +566,12 @@ impl LeaseLock {
         let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
-                (REPLY, _) => {
+                (Timer::Reply, _) => {
                     if let Some(req) = self.current_request() {
                         self.handle_reply(now, req, Outcome::Unknown);
                     }
                 }
-                (RETRY, State::BackingOff { how }) => {
+                (Timer::Retry, State::BackingOff { how }) => {
                     let how = *how;
                     let req = self.send_grant(now);
                     self.state = State::Acquiring {
@@ -584,11 +580,11 @@ impl LeaseLock {
                         how,
                     };
                 }
-                (EXPIRY, State::Held { .. } | State::Extending { .. }) => {
+                (Timer::Expiry, State::Held { .. } | State::Extending { .. }) => {
                     self.go_idle();
                     self.base.out.emit(Event::Lost);
                 }
-                (RENEW, State::Held { lease, .. }) => {
+                (Timer::Renew, State::Held { lease, .. }) => {
                     let lease = lease.clone();
                     self.start_extend(now, lease, true);
                 }
@@ -607,7 +603,17 @@ impl LeaseLock {
         }
     }
 
-    crate::protocol::poll_from_scaffold!(pub(crate));
+    pub(crate) fn poll_transmit(&mut self) -> Option<Request> {
+        self.base.poll_transmit()
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.base.poll_event()
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Millis> {
+        self.base.poll_timeout()
+    }
 
     pub(crate) fn lease(&self) -> Option<&Lease> {
         match &self.state {
@@ -628,4 +634,57 @@ enum Conditional {
     Failed(ProtocolError),
 }
 
-pub(crate) use crate::protocol::delegate_protocol;
+/// Implements [`Protocol`](crate::protocol::Protocol) for a newtype around a
+/// [`LeaseLock`].
+macro_rules! delegate_protocol {
+    ($ty:ty, $field:tt) => {
+        impl $crate::protocol::Protocol for $ty {
+            fn acquire(
+                &mut self,
+                now: $crate::time::Millis,
+                how: $crate::protocol::Acquire,
+            ) -> Result<(), $crate::protocol::UsageError> {
+                self.$field.acquire(now, how)
+            }
+            fn release(
+                &mut self,
+                now: $crate::time::Millis,
+            ) -> Result<(), $crate::protocol::UsageError> {
+                self.$field.release(now)
+            }
+            fn extend(
+                &mut self,
+                now: $crate::time::Millis,
+            ) -> Result<(), $crate::protocol::UsageError> {
+                self.$field.extend(now)
+            }
+            fn handle_reply(
+                &mut self,
+                now: $crate::time::Millis,
+                id: $crate::protocol::RequestId,
+                outcome: $crate::protocol::Outcome,
+            ) {
+                self.$field.handle_reply(now, id, outcome)
+            }
+            fn handle_timeout(&mut self, now: $crate::time::Millis) {
+                self.$field.handle_timeout(now)
+            }
+            fn poll_transmit(&mut self) -> Option<$crate::protocol::Request> {
+                self.$field.poll_transmit()
+            }
+            fn poll_event(&mut self) -> Option<$crate::protocol::Event> {
+                self.$field.poll_event()
+            }
+            fn poll_timeout(&self) -> Option<$crate::time::Millis> {
+                self.$field.poll_timeout()
+            }
+            fn lease(&self) -> Option<&$crate::protocol::Lease> {
+                self.$field.lease()
+            }
+            fn is_busy(&self) -> bool {
+                self.$field.is_busy()
+            }
+        }
+    };
+}
+pub(crate) use delegate_protocol;

@@ -59,10 +59,11 @@
 //! `clock-jump` and `restart` faults).
 
 use crate::config::{Config, ConfigError};
+use crate::engine::{Scaffold, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold, Token,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
     UsageError,
 };
 use crate::time::Millis;
@@ -235,13 +236,6 @@ enum State {
     },
 }
 
-/// The reply timeout of the round in flight.
-const REPLY: usize = 0;
-/// The next acquire attempt.
-const RETRY: usize = 1;
-/// The end of the lease's validity.
-const EXPIRY: usize = 2;
-
 /// The `redlock` machine: one lock over `config.nodes` masters, which are
 /// [`NodeId`]`(0)` to `NodeId(N − 1)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -254,7 +248,7 @@ pub struct Redlock {
     reply_timeout_ms: u64,
     notify_releases: bool,
     state: State,
-    base: Scaffold<3>,
+    base: Scaffold,
 }
 
 impl Redlock {
@@ -285,7 +279,7 @@ impl Redlock {
             reply_timeout_ms,
             notify_releases: config.notify_releases,
             state: State::Idle,
-            // No per-request reply timer: a round arms REPLY once for all
+            // No per-request reply timer: a round arms the reply timer once for all
             // of its masters.
             base: Scaffold::new(config.backoff(), None),
         })
@@ -346,7 +340,9 @@ impl Redlock {
                 self.base.out.send(NodeId(i), command)
             })
             .collect();
-        self.base.timers.set(REPLY, now + self.reply_timeout_ms);
+        self.base
+            .timers
+            .set(Timer::Reply, now + self.reply_timeout_ms);
         Round {
             op,
             sent_at: now,
@@ -391,7 +387,7 @@ impl Redlock {
     }
 
     fn finish_round(&mut self, now: Millis) {
-        self.base.timers.clear(REPLY);
+        self.base.timers.clear(Timer::Reply);
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Acquiring { round, how } => {
                 if let Some(error) = round.error {
@@ -439,7 +435,7 @@ impl Redlock {
     // Transitions.
 
     fn hold(&mut self, lease: Lease) {
-        self.base.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(Timer::Expiry, lease.valid_until);
         self.state = State::Held { lease };
     }
 
@@ -462,7 +458,7 @@ impl Redlock {
     /// A failed, cleaned-up attempt: retry after a jittered delay if the
     /// deadline allows, else deny.
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+        self.state = if self.base.retry_or_deny(now, how) {
             State::BackingOff { how }
         } else {
             State::Idle
@@ -498,7 +494,7 @@ impl Protocol for Redlock {
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
         };
-        // The EXPIRY timer of the old lease stays armed.
+        // The expiry timer of the old lease stays armed.
         let round = self.start_round(now, Op::Extend);
         self.state = State::Extending { round, lease };
         Ok(())
@@ -522,10 +518,13 @@ impl Protocol for Redlock {
     }
 
     fn handle_timeout(&mut self, now: Millis) {
-        let due = self.base.due(now);
+        let mut due = self.base.due(now);
+        // A round that timed out is concluded before a retry or an expiry
+        // due at the same instant is looked at.
+        due.sort_by_key(|timer| *timer != Timer::Reply);
         for timer in due {
             match timer {
-                REPLY => {
+                Timer::Reply => {
                     if let Some(round) = self.round_mut() {
                         for answer in &mut round.answers {
                             if *answer == Answer::Pending {
@@ -535,12 +534,12 @@ impl Protocol for Redlock {
                         self.finish_round(now);
                     }
                 }
-                RETRY => {
+                Timer::Retry => {
                     if let State::BackingOff { how } = self.state {
                         self.start_acquire(now, how);
                     }
                 }
-                EXPIRY => {
+                Timer::Expiry => {
                     // Checked against the lease: an extend finished in this
                     // same call may have re-armed the timer for a new one.
                     if let State::Held { lease } | State::Extending { lease, .. } = &self.state {
@@ -555,7 +554,17 @@ impl Protocol for Redlock {
         }
     }
 
-    crate::protocol::poll_from_scaffold!();
+    fn poll_transmit(&mut self) -> Option<Request> {
+        self.base.poll_transmit()
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.base.poll_event()
+    }
+
+    fn poll_timeout(&self) -> Option<Millis> {
+        self.base.poll_timeout()
+    }
 
     fn lease(&self) -> Option<&Lease> {
         match &self.state {

@@ -59,11 +59,12 @@
 //! with every lease. Without fencing the resource cannot tell.
 
 use crate::config::{Config, ConfigError};
+use crate::engine::{retry_at, Scaffold, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script};
 use crate::protocol::{
-    retry_at, Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold,
-    Token, UsageError,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
+    UsageError,
 };
 use crate::time::Millis;
 
@@ -116,14 +117,6 @@ struct Renewal {
     sent_at: Millis,
 }
 
-const RETRY: usize = 0;
-const EXPIRY: usize = 1;
-const RENEW: usize = 2;
-/// Reply timeout of the application's operation.
-const REPLY: usize = 3;
-/// Reply timeout of the automatic renewal.
-const RENEW_REPLY: usize = 4;
-
 /// The `reentrant` lock machine.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reentrant {
@@ -136,7 +129,7 @@ pub struct Reentrant {
     hold: Option<Hold>,
     op: Op,
     renewal: Option<Renewal>,
-    base: Scaffold<5>,
+    base: Scaffold,
 }
 
 impl Reentrant {
@@ -167,7 +160,7 @@ impl Reentrant {
         self.hold.as_ref().map_or(0, |h| h.count)
     }
 
-    fn send(&mut self, now: Millis, reply_timer: usize, script: Script) -> RequestId {
+    fn send(&mut self, now: Millis, reply_timer: Timer, script: Script) -> RequestId {
         let args = vec![self.ttl_ms.to_string(), self.token.0.clone()];
         let args = match script {
             Script::ReentrantUnlock => release_args(args, self.notify_releases),
@@ -186,7 +179,7 @@ impl Reentrant {
     }
 
     fn send_lock(&mut self, now: Millis, how: Acquire) {
-        let req = self.send(now, REPLY, Script::ReentrantLock);
+        let req = self.send(now, Timer::Reply, Script::ReentrantLock);
         self.op = Op::Acquiring {
             req,
             sent_at: now,
@@ -195,7 +188,7 @@ impl Reentrant {
     }
 
     fn send_unlock(&mut self, now: Millis, sent_at: Millis, draining: bool) {
-        let req = self.send(now, REPLY, Script::ReentrantUnlock);
+        let req = self.send(now, Timer::Reply, Script::ReentrantUnlock);
         self.op = Op::Releasing {
             req,
             sent_at,
@@ -211,11 +204,11 @@ impl Reentrant {
     /// of a TTL after `renew_from`.
     fn arm(&mut self, renew_from: Millis) {
         if let Some(hold) = &self.hold {
-            self.base.timers.set(EXPIRY, hold.lease.valid_until);
+            self.base.timers.set(Timer::Expiry, hold.lease.valid_until);
             if self.auto_renew {
                 self.base
                     .timers
-                    .set(RENEW, renew_from + (self.ttl_ms / 3).max(1));
+                    .set(Timer::Renew, renew_from + (self.ttl_ms / 3).max(1));
             }
         }
     }
@@ -223,15 +216,15 @@ impl Reentrant {
     /// Forget any automatic renewal in flight: its reply will be ignored.
     fn cancel_renewal(&mut self) {
         self.renewal = None;
-        self.base.timers.clear(RENEW);
-        self.base.timers.clear(RENEW_REPLY);
+        self.base.timers.clear(Timer::Renew);
+        self.base.timers.clear(Timer::RenewReply);
     }
 
     /// The hold is gone (released, lost or expired).
     fn drop_hold(&mut self) {
         self.hold = None;
         self.cancel_renewal();
-        self.base.timers.clear(EXPIRY);
+        self.base.timers.clear(Timer::Expiry);
     }
 
     fn lose(&mut self) {
@@ -240,10 +233,10 @@ impl Reentrant {
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.base.timers.clear(RETRY);
+        self.base.timers.clear(Timer::Retry);
         match retry_at(&mut self.base.backoff, now, how) {
             Some(at) => {
-                self.base.timers.set(RETRY, at);
+                self.base.timers.set(Timer::Retry, at);
                 self.op = Op::BackingOff { how };
             }
             None => {
@@ -303,7 +296,7 @@ impl Reentrant {
                 if self.renewal.is_none() {
                     self.arm(sent_at);
                 } else {
-                    self.base.timers.set(EXPIRY, lease.valid_until);
+                    self.base.timers.set(Timer::Expiry, lease.valid_until);
                 }
                 self.base.out.emit(Event::Acquired(lease));
             }
@@ -446,7 +439,7 @@ impl Protocol for Reentrant {
             return Err(UsageError::NotHeld);
         }
         self.cancel_renewal();
-        self.base.timers.clear(EXPIRY);
+        self.base.timers.clear(Timer::Expiry);
         self.send_unlock(now, now, false);
         Ok(())
     }
@@ -459,7 +452,7 @@ impl Protocol for Reentrant {
             return Err(UsageError::NotHeld);
         }
         self.cancel_renewal();
-        let req = self.send(now, REPLY, Script::ReentrantRenew);
+        let req = self.send(now, Timer::Reply, Script::ReentrantRenew);
         self.op = Op::Extending { req, sent_at: now };
         Ok(())
     }
@@ -468,14 +461,14 @@ impl Protocol for Reentrant {
         if let Some(renewal) = self.renewal.as_ref().filter(|r| r.req == id) {
             let sent_at = renewal.sent_at;
             self.renewal = None;
-            self.base.timers.clear(RENEW_REPLY);
+            self.base.timers.clear(Timer::RenewReply);
             self.on_renew_reply(now, sent_at, outcome);
             return;
         }
         if self.op_request() != Some(id) {
             return;
         }
-        self.base.timers.clear(REPLY);
+        self.base.timers.clear(Timer::Reply);
         match std::mem::replace(&mut self.op, Op::Idle) {
             Op::Acquiring { sent_at, how, .. } => self.on_lock_reply(now, sent_at, how, outcome),
             Op::Releasing {
@@ -496,31 +489,31 @@ impl Protocol for Reentrant {
         let due = self.base.due(now);
         for timer in due {
             match timer {
-                REPLY => {
+                Timer::Reply => {
                     if let Some(req) = self.op_request() {
                         self.handle_reply(now, req, Outcome::Unknown);
                     }
                 }
-                RENEW_REPLY => {
+                Timer::RenewReply => {
                     if let Some(req) = self.renewal.as_ref().map(|r| r.req) {
                         self.handle_reply(now, req, Outcome::Unknown);
                     }
                 }
-                RETRY => {
+                Timer::Retry => {
                     if let Op::BackingOff { how } = self.op {
                         self.send_lock(now, how);
                     }
                 }
-                EXPIRY if self.hold.is_some() => {
+                Timer::Expiry if self.hold.is_some() => {
                     // A manual extend still in flight can no longer help.
                     if matches!(self.op, Op::Extending { .. }) {
                         self.op = Op::Idle;
-                        self.base.timers.clear(REPLY);
+                        self.base.timers.clear(Timer::Reply);
                     }
                     self.lose();
                 }
-                RENEW if self.hold.is_some() && self.renewal.is_none() => {
-                    let req = self.send(now, RENEW_REPLY, Script::ReentrantRenew);
+                Timer::Renew if self.hold.is_some() && self.renewal.is_none() => {
+                    let req = self.send(now, Timer::RenewReply, Script::ReentrantRenew);
                     self.renewal = Some(Renewal { req, sent_at: now });
                 }
                 _ => {}
@@ -528,7 +521,17 @@ impl Protocol for Reentrant {
         }
     }
 
-    crate::protocol::poll_from_scaffold!();
+    fn poll_transmit(&mut self) -> Option<Request> {
+        self.base.poll_transmit()
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.base.poll_event()
+    }
+
+    fn poll_timeout(&self) -> Option<Millis> {
+        self.base.poll_timeout()
+    }
 
     fn lease(&self) -> Option<&Lease> {
         self.hold.as_ref().map(|h| &h.lease)

@@ -34,9 +34,10 @@
 //! `watch_begin` and `watch_step` below).
 
 use crate::config::{Config, ConfigError};
+use crate::engine::{Scaffold, Timer};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold, Token,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
     UsageError,
 };
 use crate::time::Millis;
@@ -166,9 +167,6 @@ enum State {
     },
 }
 
-const RETRY: usize = 0;
-const REPLY: usize = 1;
-
 /// The lease of a lock without TTL: valid until we delete it.
 const FOREVER: Millis = Millis(u64::MAX);
 
@@ -179,7 +177,7 @@ pub struct SetnxDel {
     key: String,
     token: Token,
     state: State,
-    base: Scaffold<2>,
+    base: Scaffold,
 }
 
 impl SetnxDel {
@@ -199,7 +197,7 @@ impl SetnxDel {
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        self.base.send(now, NodeId(0), REPLY, command)
+        self.base.send(now, NodeId(0), Timer::Reply, command)
     }
 
     fn send_setnx(&mut self, now: Millis, how: Acquire) {
@@ -224,7 +222,7 @@ impl SetnxDel {
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+        self.state = if self.base.retry_or_deny(now, how) {
             State::BackingOff { how }
         } else {
             State::Idle
@@ -285,7 +283,7 @@ impl Protocol for SetnxDel {
         if self.current_request() != Some(id) {
             return;
         }
-        self.base.timers.clear(REPLY);
+        self.base.timers.clear(Timer::Reply);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             (State::Acquiring { .. }, Outcome::Reply(Reply::Int(1))) => {
@@ -343,12 +341,12 @@ impl Protocol for SetnxDel {
         let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
-                (REPLY, _) => {
+                (Timer::Reply, _) => {
                     if let Some(req) = self.current_request() {
                         self.handle_reply(now, req, Outcome::Unknown);
                     }
                 }
-                (RETRY, State::BackingOff { how }) => {
+                (Timer::Retry, State::BackingOff { how }) => {
                     let how = *how;
                     self.send_setnx(now, how);
                 }
@@ -357,7 +355,17 @@ impl Protocol for SetnxDel {
         }
     }
 
-    crate::protocol::poll_from_scaffold!();
+    fn poll_transmit(&mut self) -> Option<Request> {
+        self.base.poll_transmit()
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.base.poll_event()
+    }
+
+    fn poll_timeout(&self) -> Option<Millis> {
+        self.base.poll_timeout()
+    }
 
     fn lease(&self) -> Option<&Lease> {
         match &self.state {

@@ -43,9 +43,10 @@
 
 use super::setnx_del::{watch_begin, watch_step, WatchStep, Watched};
 use crate::config::{Config, ConfigError};
+use crate::engine::{Scaffold, Timer};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold, Token,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
     UsageError,
 };
 use crate::time::Millis;
@@ -110,10 +111,6 @@ enum Then {
     Fail(ProtocolError),
 }
 
-const RETRY: usize = 0;
-const EXPIRY: usize = 1;
-const REPLY: usize = 2;
-
 /// The `setnx-expire` lock machine. Its driver must give it a connection of
 /// its own: `WATCH` state lives on the connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -123,7 +120,7 @@ pub struct SetnxExpire {
     drift_ms: u64,
     token: Token,
     state: State,
-    base: Scaffold<3>,
+    base: Scaffold,
 }
 
 impl SetnxExpire {
@@ -145,7 +142,7 @@ impl SetnxExpire {
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        self.base.send(now, NodeId(0), REPLY, command)
+        self.base.send(now, NodeId(0), Timer::Reply, command)
     }
 
     /// `EXPIRE key ceil(ttl / 1000)`: the book's whole seconds.
@@ -180,7 +177,7 @@ impl SetnxExpire {
     }
 
     fn hold(&mut self, lease: Lease) {
-        self.base.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(Timer::Expiry, lease.valid_until);
         self.state = State::Held { lease };
     }
 
@@ -195,7 +192,7 @@ impl SetnxExpire {
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+        self.state = if self.base.retry_or_deny(now, how) {
             State::BackingOff { how }
         } else {
             State::Idle
@@ -285,7 +282,7 @@ impl Protocol for SetnxExpire {
         if self.current_request() != Some(id) {
             return;
         }
-        self.base.timers.clear(REPLY);
+        self.base.timers.clear(Timer::Reply);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             // Step one won: set the expiry as a second request.
@@ -436,16 +433,16 @@ impl Protocol for SetnxExpire {
         let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
-                (REPLY, _) => {
+                (Timer::Reply, _) => {
                     if let Some(req) = self.current_request() {
                         self.handle_reply(now, req, Outcome::Unknown);
                     }
                 }
-                (RETRY, State::BackingOff { how }) => {
+                (Timer::Retry, State::BackingOff { how }) => {
                     let how = *how;
                     self.send_setnx(now, how);
                 }
-                (EXPIRY, State::Held { .. } | State::Extending { .. }) => {
+                (Timer::Expiry, State::Held { .. } | State::Extending { .. }) => {
                     self.go_idle();
                     self.base.out.emit(Event::Lost);
                 }
@@ -454,7 +451,17 @@ impl Protocol for SetnxExpire {
         }
     }
 
-    crate::protocol::poll_from_scaffold!();
+    fn poll_transmit(&mut self) -> Option<Request> {
+        self.base.poll_transmit()
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.base.poll_event()
+    }
+
+    fn poll_timeout(&self) -> Option<Millis> {
+        self.base.poll_timeout()
+    }
 
     fn lease(&self) -> Option<&Lease> {
         match &self.state {

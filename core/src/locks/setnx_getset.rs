@@ -41,9 +41,10 @@
 //! overwritten the winner's timestamp with its own.
 
 use crate::config::{Config, ConfigError};
+use crate::engine::{Scaffold, Timer};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, RequestId, Scaffold, Token,
+    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
     UsageError,
 };
 use crate::time::Millis;
@@ -94,10 +95,6 @@ enum State {
     },
 }
 
-const RETRY: usize = 0;
-const EXPIRY: usize = 1;
-const REPLY: usize = 2;
-
 /// The `setnx-getset` lock machine.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SetnxGetset {
@@ -106,7 +103,7 @@ pub struct SetnxGetset {
     drift_ms: u64,
     token: Token,
     state: State,
-    base: Scaffold<3>,
+    base: Scaffold,
 }
 
 /// A stored timestamp, or the reply that is not one.
@@ -140,7 +137,7 @@ impl SetnxGetset {
     }
 
     fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        self.base.send(now, NodeId(0), REPLY, command)
+        self.base.send(now, NodeId(0), Timer::Reply, command)
     }
 
     /// The timestamp a hold taken at `now` runs out at, by our clock.
@@ -171,7 +168,7 @@ impl SetnxGetset {
     fn hold(&mut self, ts: u64) -> Lease {
         let lease = self.lease_for(ts);
         self.base.timers.clear_all();
-        self.base.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(Timer::Expiry, lease.valid_until);
         self.state = State::Held {
             lease: lease.clone(),
             ts,
@@ -190,7 +187,7 @@ impl SetnxGetset {
     }
 
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how, RETRY) {
+        self.state = if self.base.retry_or_deny(now, how) {
             State::BackingOff { how }
         } else {
             State::Idle
@@ -285,7 +282,7 @@ impl Protocol for SetnxGetset {
         if self.current_request() != Some(id) {
             return;
         }
-        self.base.timers.clear(REPLY);
+        self.base.timers.clear(Timer::Reply);
         let state = std::mem::replace(&mut self.state, State::Idle);
         match (state, outcome) {
             (State::Acquiring { ts, .. }, Outcome::Reply(Reply::Int(1))) => {
@@ -403,16 +400,16 @@ impl Protocol for SetnxGetset {
         let due = self.base.due(now);
         for timer in due {
             match (timer, &self.state) {
-                (REPLY, _) => {
+                (Timer::Reply, _) => {
                     if let Some(req) = self.current_request() {
                         self.handle_reply(now, req, Outcome::Unknown);
                     }
                 }
-                (RETRY, State::BackingOff { how }) => {
+                (Timer::Retry, State::BackingOff { how }) => {
                     let how = *how;
                     self.send_setnx(now, how);
                 }
-                (EXPIRY, State::Held { .. } | State::Extending { .. }) => {
+                (Timer::Expiry, State::Held { .. } | State::Extending { .. }) => {
                     self.go_idle();
                     self.base.out.emit(Event::Lost);
                 }
@@ -421,7 +418,17 @@ impl Protocol for SetnxGetset {
         }
     }
 
-    crate::protocol::poll_from_scaffold!();
+    fn poll_transmit(&mut self) -> Option<Request> {
+        self.base.poll_transmit()
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.base.poll_event()
+    }
+
+    fn poll_timeout(&self) -> Option<Millis> {
+        self.base.poll_timeout()
+    }
 
     fn lease(&self) -> Option<&Lease> {
         match &self.state {
@@ -443,7 +450,7 @@ impl SetnxGetset {
             self.base.out.emit(Event::Lost);
             return;
         }
-        self.base.timers.set(EXPIRY, lease.valid_until);
+        self.base.timers.set(Timer::Expiry, lease.valid_until);
         self.state = State::Held { lease, ts };
         self.base.out.emit(event);
     }

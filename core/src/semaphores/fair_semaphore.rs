@@ -32,8 +32,9 @@
 //! ahead of a client that has already been admitted: both hold, and the
 //! semaphore over-admits. `fair-semaphore-locked` closes the race with a lock.
 
-use super::{engine_protocol, item, score, unexpected, Engine, EngineConfig, Next, Op, Recipe};
+use super::{item, score};
 use crate::config::{Config, ConfigError};
+use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
 use crate::keyspace::{Command, Reply, ScoreBound};
 use crate::protocol::Token;
 use crate::time::Millis;
@@ -177,4 +178,12 @@ impl FairSemaphore {
     }
 }
 
-engine_protocol!(FairSemaphore);
+impl OnEngine for FairSemaphore {
+    type Recipe = FairRecipe;
+    fn engine(&self) -> &Engine<FairRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<FairRecipe> {
+        &mut self.0
+    }
+}

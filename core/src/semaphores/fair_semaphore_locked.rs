@@ -24,9 +24,9 @@
 //! is reported after the guard has been released.
 
 use super::fair_semaphore::FairRecipe;
-use super::{engine_protocol, Engine, EngineConfig};
 use crate::catalogue::{Kind, Machine, ProtocolId};
 use crate::config::{Config, ConfigError};
+use crate::engine::{Engine, EngineConfig, OnEngine};
 use crate::protocol::Token;
 
 /// The `fair-semaphore-locked` machine.
@@ -65,4 +65,12 @@ impl FairSemaphoreLocked {
     }
 }
 
-engine_protocol!(FairSemaphoreLocked);
+impl OnEngine for FairSemaphoreLocked {
+    type Recipe = FairRecipe;
+    fn engine(&self) -> &Engine<FairRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<FairRecipe> {
+        &mut self.0
+    }
+}

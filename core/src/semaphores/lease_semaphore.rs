@@ -21,8 +21,8 @@
 //! permits that remain, lowering it never admits more than the new limit
 //! (holders above it keep their permits until they leave).
 
-use super::{engine_protocol, unexpected, Engine, EngineConfig, Next, Op, Recipe};
 use crate::config::{Config, ConfigError, MAX_LIMIT};
+use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{Fence, Token};
@@ -158,4 +158,12 @@ impl LeaseSemaphore {
     }
 }
 
-engine_protocol!(LeaseSemaphore);
+impl OnEngine for LeaseSemaphore {
+    type Recipe = LeaseRecipe;
+    fn engine(&self) -> &Engine<LeaseRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
+        &mut self.0
+    }
+}

@@ -18,8 +18,9 @@
 //! forever (its lease is valid until `u64::MAX`), and the semaphore shrinks
 //! by one for good. `lease-semaphore` is the answer.
 
-use super::{engine_protocol, item, unexpected, Engine, EngineConfig, Next, Op, Recipe};
+use super::item;
 use crate::config::{Config, ConfigError, MAX_LIMIT};
+use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
 use crate::keyspace::{Command, Reply, SetCondition, SetExpiry};
 use crate::protocol::{ProtocolError, Token};
 use crate::time::Millis;
@@ -255,4 +256,12 @@ impl WatchSemaphore {
     }
 }
 
-engine_protocol!(WatchSemaphore);
+impl OnEngine for WatchSemaphore {
+    type Recipe = WatchRecipe;
+    fn engine(&self) -> &Engine<WatchRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<WatchRecipe> {
+        &mut self.0
+    }
+}

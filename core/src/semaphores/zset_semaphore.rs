@@ -30,8 +30,9 @@
 //! millisecond, which ties on the token) ranks ahead of a client already
 //! admitted, and the semaphore over-admits the same way.
 
-use super::{engine_protocol, item, score, unexpected, Engine, EngineConfig, Next, Op, Recipe};
+use super::{item, score};
 use crate::config::{Config, ConfigError};
+use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
 use crate::keyspace::{Command, Reply, ScoreBound};
 use crate::protocol::Token;
 use crate::time::Millis;
@@ -155,4 +156,12 @@ impl ZsetSemaphore {
     }
 }
 
-engine_protocol!(ZsetSemaphore);
+impl OnEngine for ZsetSemaphore {
+    type Recipe = ZsetRecipe;
+    fn engine(&self) -> &Engine<ZsetRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<ZsetRecipe> {
+        &mut self.0
+    }
+}

@@ -1,0 +1,1050 @@
+//! The one engine every single-node machine runs on.
+//!
+//! A single-node lock or semaphore is a *recipe* (which commands an
+//! acquire, a release and an extend send, and what each reply means) run by
+//! the [`Engine`] of this module, which owns everything the machines have in
+//! common: the state machine, retries with jittered backoff, the validity
+//! `sent_at + ttl − drift`, the expiry, renewal and reply timers, undoing a
+//! partial acquire, the one watched release step shared by every `WATCH`
+//! protocol ([`watch_begin`], [`watch_step`]), and — for
+//! `fair-semaphore-locked` — holding a catalogue lock around the acquire,
+//! whose requests share the engine's id space (even ids are the engine's,
+//! odd ids the embedded machine's).
+//!
+//! Only machines that do not fit stay bespoke: RedLock fans one request out
+//! to every node, and the reentrant lock counts its holds and renews in the
+//! background; their essays say so.
+//!
+//! The scaffolding below the engine (output queues, the [`Timer`] table,
+//! the acquire [`Backoff`]) is shared by the bespoke machines too.
+
+use crate::catalogue::Machine;
+use crate::keyspace::{Command, Reply};
+use crate::protocol::{
+    Acquire, Event, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
+    Token, UsageError,
+};
+use crate::sim::SplitMix64;
+use crate::time::Millis;
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::hash::Hash;
+
+// ---------------------------------------------------------------------------
+// Scaffolding: output queues, timers, backoff.
+// ---------------------------------------------------------------------------
+
+/// The output queues and request numbering every machine shares.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Outbox {
+    next_request: u64,
+    transmits: VecDeque<Request>,
+    events: VecDeque<Event>,
+}
+
+impl Outbox {
+    /// Queue `command` for `node`; returns the id its reply will carry.
+    pub(crate) fn send(&mut self, node: NodeId, command: Command) -> RequestId {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        self.transmits.push_back(Request { id, node, command });
+        id
+    }
+
+    /// Queue an event.
+    pub(crate) fn emit(&mut self, event: Event) {
+        self.events.push_back(event);
+    }
+
+    /// Dequeue the next request.
+    pub(crate) fn poll_transmit(&mut self) -> Option<Request> {
+        self.transmits.pop_front()
+    }
+
+    /// Dequeue the next event.
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+}
+
+/// Jittered exponential backoff between acquire attempts. The jitter comes
+/// from a [`SplitMix64`] generator seeded by the caller, so runs are
+/// repeatable.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Backoff {
+    base_ms: u64,
+    max_ms: u64,
+    jitter_percent: u8,
+    attempt: u32,
+    rng: SplitMix64,
+}
+
+impl Backoff {
+    /// A backoff from `base_ms` doubling up to `max_ms`, with `jitter_percent`
+    /// of each delay drawn from a generator seeded with `seed`.
+    pub(crate) fn new(base_ms: u64, max_ms: u64, jitter_percent: u8, seed: u64) -> Backoff {
+        Backoff {
+            base_ms,
+            max_ms: max_ms.max(base_ms),
+            jitter_percent: jitter_percent.min(100),
+            attempt: 0,
+            rng: SplitMix64(seed),
+        }
+    }
+
+    /// Start a new acquisition: the next delay is `base_ms` again.
+    pub(crate) fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    /// The delay before the next attempt.
+    pub(crate) fn next_delay(&mut self) -> u64 {
+        let exp = self
+            .base_ms
+            .saturating_mul(1u64 << self.attempt.min(32))
+            .min(self.max_ms);
+        self.attempt = self.attempt.saturating_add(1);
+        let spread = exp * u64::from(self.jitter_percent) / 100;
+        if spread == 0 {
+            return exp.max(1);
+        }
+        (exp - spread + self.rng.next_u64() % (spread + 1)).max(1)
+    }
+}
+
+/// The deadlines a machine can arm, as indices into its [`TimerTable`].
+/// When several are due at once they fire in this order (RedLock puts
+/// [`Timer::Reply`] first, see there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Timer {
+    /// The next acquire attempt.
+    Retry,
+    /// A cache waiter's next read (`stampede`).
+    Reread,
+    /// A cache loader's lock runs out (`stampede`).
+    LoadDeadline,
+    /// The lease's validity ends.
+    Expiry,
+    /// Automatic renewal is due.
+    Renew,
+    /// The request in flight has had no reply for too long.
+    Reply,
+    /// The reentrant lock's background renewal has had no reply for too long.
+    RenewReply,
+}
+
+impl Timer {
+    const ALL: [Timer; 7] = [
+        Timer::Retry,
+        Timer::Reread,
+        Timer::LoadDeadline,
+        Timer::Expiry,
+        Timer::Renew,
+        Timer::Reply,
+        Timer::RenewReply,
+    ];
+}
+
+/// One deadline per [`Timer`]; [`TimerTable::next`] is the earliest.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct TimerTable {
+    at: [Option<Millis>; Timer::ALL.len()],
+}
+
+impl TimerTable {
+    /// Arm `timer` at `at`.
+    pub(crate) fn set(&mut self, timer: Timer, at: Millis) {
+        self.at[timer as usize] = Some(at);
+    }
+
+    /// Disarm `timer`.
+    pub(crate) fn clear(&mut self, timer: Timer) {
+        self.at[timer as usize] = None;
+    }
+
+    /// Disarm every timer.
+    pub(crate) fn clear_all(&mut self) {
+        self.at = Default::default();
+    }
+
+    /// When `timer` fires, if armed.
+    #[cfg(test)]
+    pub(crate) fn get(&self, timer: Timer) -> Option<Millis> {
+        self.at[timer as usize]
+    }
+
+    /// The earliest armed deadline.
+    pub(crate) fn next(&self) -> Option<Millis> {
+        self.at.iter().flatten().min().copied()
+    }
+
+    /// Disarm and return every timer due at `now`, in [`Timer`] order.
+    pub(crate) fn expire(&mut self, now: Millis) -> Vec<Timer> {
+        Timer::ALL
+            .into_iter()
+            .filter(|t| {
+                let at = &mut self.at[*t as usize];
+                let due = at.is_some_and(|at| at <= now);
+                if due {
+                    *at = None;
+                }
+                due
+            })
+            .collect()
+    }
+}
+
+/// When to try again after a failed attempt, or `None` to give up: the next
+/// jittered delay of `backoff`, as long as it still lands by the deadline of
+/// [`Acquire::Until`]. [`Acquire::Once`] never retries.
+pub(crate) fn retry_at(backoff: &mut Backoff, now: Millis, how: Acquire) -> Option<Millis> {
+    match how {
+        Acquire::Once => None,
+        Acquire::Until(deadline) => {
+            let at = now + backoff.next_delay();
+            (at <= deadline).then_some(at)
+        }
+    }
+}
+
+/// What every machine keeps beside its protocol state: the output queues,
+/// the timer table, the acquire backoff and the reply timeout.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Scaffold {
+    /// Requests and events waiting to be polled.
+    pub(crate) out: Outbox,
+    /// The machine's deadlines.
+    pub(crate) timers: TimerTable,
+    /// Delays between acquire attempts.
+    pub(crate) backoff: Backoff,
+    reply_timeout_ms: Option<u64>,
+}
+
+impl Scaffold {
+    /// Empty queues, no timer armed; replies time out after
+    /// `reply_timeout_ms` when given.
+    pub(crate) fn new(backoff: Backoff, reply_timeout_ms: Option<u64>) -> Scaffold {
+        Scaffold {
+            out: Outbox::default(),
+            timers: TimerTable::default(),
+            backoff,
+            reply_timeout_ms,
+        }
+    }
+
+    /// Queue `command` for `node` and, when replies time out, arm
+    /// `reply_timer` for it.
+    pub(crate) fn send(
+        &mut self,
+        now: Millis,
+        node: NodeId,
+        reply_timer: Timer,
+        command: Command,
+    ) -> RequestId {
+        if let Some(t) = self.reply_timeout_ms {
+            self.timers.set(reply_timer, now + t);
+        }
+        self.out.send(node, command)
+    }
+
+    /// After a failed attempt: disarm every timer, then either arm
+    /// [`Timer::Retry`] for the next attempt (`true`: the machine backs off)
+    /// or, when `how` allows no further attempt, report [`Event::Denied`]
+    /// (`false`: the machine is idle).
+    pub(crate) fn retry_or_deny(&mut self, now: Millis, how: Acquire) -> bool {
+        self.timers.clear_all();
+        match retry_at(&mut self.backoff, now, how) {
+            Some(at) => {
+                self.timers.set(Timer::Retry, at);
+                true
+            }
+            None => {
+                self.out.emit(Event::Denied);
+                false
+            }
+        }
+    }
+
+    /// Disarm and return every timer due at `now`.
+    pub(crate) fn due(&mut self, now: Millis) -> Vec<Timer> {
+        self.timers.expire(now)
+    }
+
+    /// The next queued request.
+    pub(crate) fn poll_transmit(&mut self) -> Option<Request> {
+        self.out.poll_transmit()
+    }
+
+    /// The next queued event.
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.out.poll_event()
+    }
+
+    /// The earliest armed deadline.
+    pub(crate) fn poll_timeout(&self) -> Option<Millis> {
+        self.timers.next()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests of an embedded machine.
+// ---------------------------------------------------------------------------
+
+/// Request ids of a machine's own requests are even, those of a machine it
+/// embeds (a guard lock) odd, so that both can number from zero without
+/// colliding.
+pub(crate) fn own_id(id: RequestId) -> RequestId {
+    RequestId(id.0.wrapping_mul(2))
+}
+
+/// The outer id of a request of an embedded machine.
+pub(crate) fn inner_id(id: RequestId) -> RequestId {
+    RequestId(id.0.wrapping_mul(2).wrapping_add(1))
+}
+
+/// Split an outer id: `(is the embedded machine's, its own id)`.
+pub(crate) fn split_id(id: RequestId) -> (bool, RequestId) {
+    (id.0 % 2 == 1, RequestId(id.0 / 2))
+}
+
+/// The first error reply in `reply` or, for a transaction, in its items.
+pub(crate) fn error_in(reply: &Reply) -> Option<String> {
+    match reply {
+        Reply::Error(e) => Some(e.clone()),
+        Reply::Array(items) => items.iter().find_map(|r| match r {
+            Reply::Error(e) => Some(e.clone()),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The engine.
+// ---------------------------------------------------------------------------
+
+/// Which operation a recipe step belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Op {
+    Acquire,
+    Release,
+    Extend,
+}
+
+/// What a recipe makes of a reply.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Next<S> {
+    /// Send this command next; its reply goes to this step.
+    Send(Command, S),
+    /// Acquire: the permit is ours.
+    Granted(Option<Fence>),
+    /// Acquire: no permit and nothing of ours was written.
+    NotGranted,
+    /// Acquire: no permit, and our entry must be taken out again.
+    Undo,
+    /// Release or extend: did it find (and act on) our own entry?
+    Done {
+        /// Our entry was there.
+        ours: bool,
+    },
+    /// Extend: the refresh found us timed out and wrote us back; take the
+    /// entry out again and report the permit lost.
+    LostUndo,
+    /// The reply makes no sense for this step.
+    Failed(ProtocolError),
+}
+
+/// The protocol-specific part of a semaphore: commands and reply meanings.
+/// Error replies (also inside a transaction's reply) never reach a recipe.
+pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
+    /// Where a request sequence is.
+    type Step: Clone + Debug + PartialEq + Eq + Hash;
+    /// The first command of `op`.
+    fn start(&self, op: Op, now: Millis) -> (Command, Self::Step);
+    /// The next move after `reply` to `step` of `op`.
+    fn advance(&self, op: Op, step: Self::Step, reply: Reply, now: Millis) -> Next<Self::Step>;
+}
+
+/// What an acquire attempt came to (reported once any guard lock is released).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum After {
+    Granted { lease: Lease, renew_from: Millis },
+    Retry(Acquire),
+    Failed(ProtocolError),
+}
+
+/// What follows a release sequence.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Then {
+    /// The application asked: report `Released`.
+    Report,
+    /// An acquire attempt is being undone; then conclude it.
+    Attempt(After),
+    /// An extend found the permit timed out: report `Lost`.
+    Lost,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum State<S> {
+    Idle,
+    /// The guard lock's acquire is in flight.
+    Guarding {
+        how: Acquire,
+    },
+    Acquiring {
+        req: RequestId,
+        step: S,
+        sent_at: Millis,
+        how: Acquire,
+    },
+    /// The guard lock's release is in flight; then conclude.
+    Unguarding {
+        after: After,
+    },
+    BackingOff {
+        how: Acquire,
+    },
+    Held {
+        lease: Lease,
+    },
+    Extending {
+        req: RequestId,
+        step: S,
+        sent_at: Millis,
+        lease: Lease,
+        automatic: bool,
+    },
+    Releasing {
+        req: RequestId,
+        step: S,
+        then: Then,
+    },
+}
+
+/// How long `fair-semaphore-locked` tries for its guard on a try-once
+/// acquire: the book's `acquire_timeout=.01`.
+pub(crate) const GUARD_WAIT_MS: u64 = 10;
+
+/// The shared single-node machine around a [`Recipe`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Engine<R: Recipe> {
+    recipe: R,
+    token: Token,
+    /// `None`: permits never expire (`watch-semaphore`).
+    ttl_ms: Option<u64>,
+    drift_ms: u64,
+    auto_renew: bool,
+    base: Scaffold,
+    state: State<R::Step>,
+    /// The lock held around every acquire attempt (`fair-semaphore-locked`).
+    guard: Option<Box<Machine>>,
+}
+
+/// Construction parameters of an [`Engine`] beyond the recipe.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineConfig {
+    pub(crate) token: Token,
+    pub(crate) ttl_ms: Option<u64>,
+    pub(crate) drift_ms: u64,
+    pub(crate) reply_timeout_ms: Option<u64>,
+    pub(crate) auto_renew: bool,
+    pub(crate) backoff: Backoff,
+    pub(crate) guard: Option<Box<Machine>>,
+}
+
+impl EngineConfig {
+    /// The usual parameters from a validated config: TTL, drift, reply
+    /// timeout and backoff; no renewal, no guard.
+    pub(crate) fn from(config: &crate::config::Config, token: Token) -> EngineConfig {
+        EngineConfig {
+            token,
+            ttl_ms: Some(config.ttl_ms),
+            drift_ms: config.drift(),
+            reply_timeout_ms: config.reply_timeout_ms,
+            auto_renew: false,
+            backoff: config.backoff(),
+            guard: None,
+        }
+    }
+}
+
+impl<R: Recipe> Engine<R> {
+    /// An idle machine running `recipe`.
+    pub(crate) fn new(recipe: R, c: EngineConfig) -> Engine<R> {
+        Engine {
+            recipe,
+            token: c.token,
+            ttl_ms: c.ttl_ms,
+            drift_ms: c.drift_ms,
+            auto_renew: c.auto_renew,
+            base: Scaffold::new(c.backoff, c.reply_timeout_ms),
+            state: State::Idle,
+            guard: c.guard,
+        }
+    }
+
+    /// The protocol of the guard lock, if there is one.
+    pub(crate) fn guard_id(&self) -> Option<crate::catalogue::ProtocolId> {
+        self.guard.as_ref().map(|g| g.id())
+    }
+
+    fn send(&mut self, now: Millis, command: Command) -> RequestId {
+        self.base.send(now, NodeId(0), Timer::Reply, command)
+    }
+
+    fn lease_from(&self, sent_at: Millis, fence: Option<Fence>) -> Lease {
+        let valid_until = match self.ttl_ms {
+            Some(ttl) => sent_at + ttl.saturating_sub(self.drift_ms),
+            None => Millis(u64::MAX),
+        };
+        Lease {
+            token: self.token.clone(),
+            fence,
+            valid_until,
+        }
+    }
+
+    fn go_idle(&mut self) {
+        self.base.timers.clear_all();
+        self.state = State::Idle;
+    }
+
+    fn hold(&mut self, lease: Lease, renew_from: Millis) {
+        self.base.timers.clear_all();
+        if let Some(ttl) = self.ttl_ms {
+            self.base.timers.set(Timer::Expiry, lease.valid_until);
+            if self.auto_renew {
+                self.base
+                    .timers
+                    .set(Timer::Renew, renew_from + (ttl / 3).max(1));
+            }
+        }
+        self.state = State::Held { lease };
+    }
+
+    /// Stay held on the old lease after an extend that did not go through.
+    fn hold_on(&mut self, now: Millis, lease: Lease) {
+        if now >= lease.valid_until {
+            self.go_idle();
+            self.base.out.emit(Event::Lost);
+            return;
+        }
+        self.base.timers.clear(Timer::Reply);
+        if self.ttl_ms.is_some() {
+            self.base.timers.set(Timer::Expiry, lease.valid_until);
+        }
+        self.state = State::Held { lease };
+    }
+
+    /// One acquire attempt: through the guard when there is one.
+    fn attempt(&mut self, now: Millis, how: Acquire) {
+        if let Some(guard) = self.guard.as_mut() {
+            let guard_how = match how {
+                Acquire::Once => Acquire::Until(now + GUARD_WAIT_MS),
+                until => until,
+            };
+            if guard.acquire(now, guard_how).is_ok() {
+                self.state = State::Guarding { how };
+                self.pump_guard(now);
+                return;
+            }
+            // The guard is still busy with an earlier release: try later.
+            self.retry_or_deny(now, how);
+            return;
+        }
+        self.start_acquire(now, how);
+    }
+
+    fn start_acquire(&mut self, now: Millis, how: Acquire) {
+        let (command, step) = self.recipe.start(Op::Acquire, now);
+        let req = self.send(now, command);
+        self.state = State::Acquiring {
+            req,
+            step,
+            sent_at: now,
+            how,
+        };
+    }
+
+    /// Take a partial acquire out again, then conclude with `after`.
+    fn undo(&mut self, now: Millis, after: After) {
+        self.start_release(now, Then::Attempt(after));
+    }
+
+    fn start_release(&mut self, now: Millis, then: Then) {
+        self.base.timers.clear_all();
+        let (command, step) = self.recipe.start(Op::Release, now);
+        let req = self.send(now, command);
+        self.state = State::Releasing { req, step, then };
+    }
+
+    fn start_extend(&mut self, now: Millis, lease: Lease, automatic: bool) {
+        self.base.timers.clear(Timer::Renew);
+        let (command, step) = self.recipe.start(Op::Extend, now);
+        let req = self.send(now, command);
+        self.state = State::Extending {
+            req,
+            step,
+            sent_at: now,
+            lease,
+            automatic,
+        };
+    }
+
+    /// The attempt is over: release the guard if it is held, then report.
+    fn conclude(&mut self, now: Millis, after: After) {
+        if let Some(guard) = self.guard.as_mut() {
+            if guard.lease().is_some() && guard.release(now).is_ok() {
+                self.base.timers.clear_all();
+                self.state = State::Unguarding { after };
+                self.pump_guard(now);
+                return;
+            }
+        }
+        self.apply(now, after);
+    }
+
+    fn apply(&mut self, now: Millis, after: After) {
+        match after {
+            After::Granted { lease, renew_from } => {
+                self.hold(lease.clone(), renew_from);
+                self.base.out.emit(Event::Acquired(lease));
+            }
+            After::Retry(how) => self.retry_or_deny(now, how),
+            After::Failed(e) => {
+                self.go_idle();
+                self.base.out.emit(Event::Failed(e));
+            }
+        }
+    }
+
+    /// A failed attempt: retry after a jittered delay if the deadline allows.
+    fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
+        self.state = if self.base.retry_or_deny(now, how) {
+            State::BackingOff { how }
+        } else {
+            State::Idle
+        };
+    }
+
+    /// React to the guard lock's events.
+    fn pump_guard(&mut self, now: Millis) {
+        loop {
+            let Some(event) = self.guard.as_mut().and_then(|g| g.poll_event()) else {
+                return;
+            };
+            match (&self.state, event) {
+                (State::Guarding { how }, Event::Acquired(_)) => {
+                    let how = *how;
+                    self.start_acquire(now, how);
+                }
+                (State::Guarding { how }, Event::Denied) => {
+                    let how = *how;
+                    self.apply(now, After::Retry(how));
+                }
+                (State::Guarding { .. }, Event::Failed(e)) => self.apply(now, After::Failed(e)),
+                (
+                    State::Unguarding { after },
+                    Event::Released { .. } | Event::Failed(_) | Event::Lost,
+                ) => {
+                    let after = after.clone();
+                    self.apply(now, after);
+                }
+                // The guard ran out while we were acquiring: nothing to
+                // release at the end any more.
+                _ => {}
+            }
+        }
+    }
+
+    fn current_request(&self) -> Option<RequestId> {
+        match &self.state {
+            State::Acquiring { req, .. }
+            | State::Extending { req, .. }
+            | State::Releasing { req, .. } => Some(*req),
+            _ => None,
+        }
+    }
+
+    fn handle_own_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
+        if self.current_request() != Some(id) {
+            return;
+        }
+        self.base.timers.clear(Timer::Reply);
+        let state = std::mem::replace(&mut self.state, State::Idle);
+        let reply = match outcome {
+            Outcome::Reply(reply) => match error_in(&reply) {
+                Some(e) => Err(Some(ProtocolError::Redis(e))),
+                None => Ok(reply),
+            },
+            Outcome::Unknown => Err(None),
+        };
+        match state {
+            State::Acquiring {
+                step, sent_at, how, ..
+            } => {
+                let reply = match reply {
+                    Ok(reply) => reply,
+                    Err(None) => return self.undo(now, After::Retry(how)),
+                    Err(Some(e)) => return self.undo(now, After::Failed(e)),
+                };
+                match self.recipe.advance(Op::Acquire, step, reply, now) {
+                    Next::Send(command, step) => {
+                        let req = self.send(now, command);
+                        self.state = State::Acquiring {
+                            req,
+                            step,
+                            sent_at,
+                            how,
+                        };
+                    }
+                    Next::Granted(fence) => {
+                        let lease = self.lease_from(sent_at, fence);
+                        if now >= lease.valid_until {
+                            // Too late to be of use: give it back, try again.
+                            self.undo(now, After::Retry(how));
+                        } else {
+                            self.conclude(
+                                now,
+                                After::Granted {
+                                    lease,
+                                    renew_from: sent_at,
+                                },
+                            );
+                        }
+                    }
+                    Next::NotGranted => self.conclude(now, After::Retry(how)),
+                    Next::Undo => self.undo(now, After::Retry(how)),
+                    Next::Failed(e) => self.undo(now, After::Failed(e)),
+                    Next::Done { .. } | Next::LostUndo => self.undo(
+                        now,
+                        After::Failed(ProtocolError::Missing("a recipe step".into())),
+                    ),
+                }
+            }
+            State::Releasing { step, then, .. } => {
+                let failure = match reply {
+                    Ok(reply) => match self.recipe.advance(Op::Release, step, reply, now) {
+                        Next::Send(command, step) => {
+                            let req = self.send(now, command);
+                            self.state = State::Releasing { req, step, then };
+                            return;
+                        }
+                        Next::Done { ours } => return self.finish_release(now, ours, then),
+                        Next::Failed(e) => e,
+                        _ => ProtocolError::Missing("a recipe step".into()),
+                    },
+                    // Whether the release ran is unknown; any TTL bounds the hold.
+                    Err(None) => return self.finish_release(now, false, then),
+                    Err(Some(e)) => e,
+                };
+                match then {
+                    Then::Attempt(After::Failed(cause)) => self.conclude(now, After::Failed(cause)),
+                    Then::Attempt(_) => self.conclude(now, After::Failed(failure)),
+                    Then::Report => {
+                        self.go_idle();
+                        self.base.out.emit(Event::Failed(failure));
+                    }
+                    Then::Lost => {
+                        self.go_idle();
+                        self.base.out.emit(Event::Lost);
+                    }
+                }
+            }
+            State::Extending {
+                step,
+                sent_at,
+                lease,
+                automatic,
+                ..
+            } => {
+                let reply = match reply {
+                    Ok(reply) => reply,
+                    Err(None) => {
+                        self.hold_on(now, lease);
+                        self.base.out.emit(Event::NotExtended);
+                        return;
+                    }
+                    Err(Some(e)) => {
+                        self.hold_on(now, lease);
+                        self.base.out.emit(Event::Failed(e));
+                        return;
+                    }
+                };
+                match self.recipe.advance(Op::Extend, step, reply, now) {
+                    Next::Send(command, step) => {
+                        let req = self.send(now, command);
+                        self.state = State::Extending {
+                            req,
+                            step,
+                            sent_at,
+                            lease,
+                            automatic,
+                        };
+                    }
+                    Next::Done { ours: true } => {
+                        let lease = self.lease_from(sent_at, lease.fence);
+                        self.hold(lease.clone(), sent_at);
+                        self.base.out.emit(Event::Extended(lease));
+                    }
+                    Next::Done { ours: false } => {
+                        self.go_idle();
+                        self.base.out.emit(Event::Lost);
+                    }
+                    Next::LostUndo => self.start_release(now, Then::Lost),
+                    Next::Failed(e) => {
+                        self.hold_on(now, lease);
+                        self.base.out.emit(Event::Failed(e));
+                    }
+                    _ => {
+                        self.hold_on(now, lease);
+                        self.base.out.emit(Event::Failed(ProtocolError::Missing(
+                            "a recipe step".into(),
+                        )));
+                    }
+                }
+            }
+            other => self.state = other,
+        }
+    }
+
+    fn finish_release(&mut self, now: Millis, ours: bool, then: Then) {
+        match then {
+            Then::Report => {
+                self.go_idle();
+                self.base.out.emit(Event::Released { was_held: ours });
+            }
+            Then::Attempt(after) => self.conclude(now, after),
+            Then::Lost => {
+                self.go_idle();
+                self.base.out.emit(Event::Lost);
+            }
+        }
+    }
+}
+
+impl<R: Recipe> Protocol for Engine<R> {
+    fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
+        match self.state {
+            State::Idle => {}
+            State::Held { .. } => return Err(UsageError::AlreadyHeld),
+            _ => return Err(UsageError::Busy),
+        }
+        self.base.backoff.reset();
+        self.attempt(now, how);
+        Ok(())
+    }
+
+    fn release(&mut self, now: Millis) -> Result<(), UsageError> {
+        match &self.state {
+            State::Held { .. }
+            | State::Extending {
+                automatic: true, ..
+            } => {}
+            State::Idle => return Err(UsageError::NotHeld),
+            _ => return Err(UsageError::Busy),
+        }
+        self.start_release(now, Then::Report);
+        Ok(())
+    }
+
+    fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
+        let lease = match &self.state {
+            State::Held { lease } => lease.clone(),
+            State::Idle => return Err(UsageError::NotHeld),
+            _ => return Err(UsageError::Busy),
+        };
+        self.start_extend(now, lease, false);
+        Ok(())
+    }
+
+    fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
+        let (is_guard, inner) = split_id(id);
+        if is_guard {
+            if let Some(guard) = self.guard.as_mut() {
+                guard.handle_reply(now, inner, outcome);
+                self.pump_guard(now);
+            }
+            return;
+        }
+        self.handle_own_reply(now, inner, outcome);
+    }
+
+    fn handle_timeout(&mut self, now: Millis) {
+        if let Some(guard) = self.guard.as_mut() {
+            if guard.poll_timeout().is_some_and(|t| t <= now) {
+                guard.handle_timeout(now);
+                self.pump_guard(now);
+            }
+        }
+        let due = self.base.due(now);
+        for timer in due {
+            match (timer, &self.state) {
+                (Timer::Reply, _) => {
+                    if let Some(req) = self.current_request() {
+                        self.handle_own_reply(now, req, Outcome::Unknown);
+                    }
+                }
+                (Timer::Retry, State::BackingOff { how }) => {
+                    let how = *how;
+                    self.attempt(now, how);
+                }
+                (Timer::Expiry, State::Held { .. } | State::Extending { .. }) => {
+                    self.go_idle();
+                    self.base.out.emit(Event::Lost);
+                }
+                (Timer::Renew, State::Held { lease }) => {
+                    let lease = lease.clone();
+                    self.start_extend(now, lease, true);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn poll_transmit(&mut self) -> Option<Request> {
+        if let Some(mut request) = self.guard.as_mut().and_then(|g| g.poll_transmit()) {
+            request.id = inner_id(request.id);
+            return Some(request);
+        }
+        let mut request = self.base.out.poll_transmit()?;
+        request.id = own_id(request.id);
+        Some(request)
+    }
+
+    fn poll_event(&mut self) -> Option<Event> {
+        self.base.out.poll_event()
+    }
+
+    fn poll_timeout(&self) -> Option<Millis> {
+        let guard = self.guard.as_ref().and_then(|g| g.poll_timeout());
+        match (self.base.timers.next(), guard) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn lease(&self) -> Option<&Lease> {
+        match &self.state {
+            State::Held { lease } | State::Extending { lease, .. } => Some(lease),
+            _ => None,
+        }
+    }
+
+    fn is_busy(&self) -> bool {
+        !matches!(self.state, State::Idle | State::Held { .. })
+    }
+}
+
+/// A catalogue machine that is an [`Engine`] around its recipe: it is driven
+/// as that engine is.
+pub(crate) trait OnEngine: Clone + Debug + Eq + Hash {
+    /// The recipe the engine runs.
+    type Recipe: Recipe;
+    /// The engine.
+    fn engine(&self) -> &Engine<Self::Recipe>;
+    /// The engine, to drive it.
+    fn engine_mut(&mut self) -> &mut Engine<Self::Recipe>;
+}
+
+impl<M: OnEngine> Protocol for M {
+    fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
+        self.engine_mut().acquire(now, how)
+    }
+    fn release(&mut self, now: Millis) -> Result<(), UsageError> {
+        self.engine_mut().release(now)
+    }
+    fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
+        self.engine_mut().extend(now)
+    }
+    fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
+        self.engine_mut().handle_reply(now, id, outcome)
+    }
+    fn handle_timeout(&mut self, now: Millis) {
+        self.engine_mut().handle_timeout(now)
+    }
+    fn poll_transmit(&mut self) -> Option<Request> {
+        self.engine_mut().poll_transmit()
+    }
+    fn poll_event(&mut self) -> Option<Event> {
+        self.engine_mut().poll_event()
+    }
+    fn poll_timeout(&self) -> Option<Millis> {
+        self.engine().poll_timeout()
+    }
+    fn lease(&self) -> Option<&Lease> {
+        self.engine().lease()
+    }
+    fn is_busy(&self) -> bool {
+        self.engine().is_busy()
+    }
+}
+
+/// The "unexpected reply" failure of a recipe step.
+pub(crate) fn unexpected<S>(request: &'static str, reply: Reply) -> Next<S> {
+    Next::Failed(ProtocolError::UnexpectedReply { request, reply })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_without_jitter() {
+        let mut b = Backoff::new(10, 50, 0, 1);
+        let delays: Vec<u64> = (0..5).map(|_| b.next_delay()).collect();
+        assert_eq!(delays, [10, 20, 40, 50, 50]);
+        b.reset();
+        assert_eq!(b.next_delay(), 10);
+    }
+
+    #[test]
+    fn backoff_jitter_stays_in_range_and_is_repeatable() {
+        let mut a = Backoff::new(100, 100, 50, 7);
+        let mut b = Backoff::new(100, 100, 50, 7);
+        for _ in 0..100 {
+            let d = a.next_delay();
+            assert!((50..=100).contains(&d), "{d}");
+            assert_eq!(d, b.next_delay());
+        }
+    }
+
+    #[test]
+    fn timers_fire_once_and_the_deadline_moves_on() {
+        let mut t = TimerTable::default();
+        t.set(Timer::Retry, Millis(10));
+        t.set(Timer::Expiry, Millis(20));
+        assert_eq!(t.next(), Some(Millis(10)));
+        assert_eq!(t.expire(Millis(10)), [Timer::Retry]);
+        assert_eq!(
+            t.next(),
+            Some(Millis(20)),
+            "a fired deadline must not stay armed"
+        );
+        assert_eq!(t.get(Timer::Retry), None);
+        assert!(t.expire(Millis(15)).is_empty());
+    }
+
+    #[test]
+    fn timers_due_together_fire_in_declaration_order() {
+        let mut t = TimerTable::default();
+        t.set(Timer::Reply, Millis(5));
+        t.set(Timer::Retry, Millis(5));
+        t.set(Timer::Expiry, Millis(4));
+        assert_eq!(
+            t.expire(Millis(5)),
+            [Timer::Retry, Timer::Expiry, Timer::Reply]
+        );
+        assert_eq!(t.next(), None);
+    }
+
+    #[test]
+    fn embedded_request_ids_do_not_collide_and_split_back() {
+        for n in [0, 1, 7, u64::MAX / 2] {
+            let (own, inner) = (own_id(RequestId(n)), inner_id(RequestId(n)));
+            assert_ne!(own, inner);
+            assert_eq!(split_id(own), (false, RequestId(n)));
+            assert_eq!(split_id(inner), (true, RequestId(n)));
+        }
+    }
+}
