@@ -320,6 +320,105 @@ pub(crate) fn error_in(reply: &Reply) -> Option<String> {
 }
 
 // ---------------------------------------------------------------------------
+// The watched release step, shared by every `WATCH` protocol.
+// ---------------------------------------------------------------------------
+
+/// Where the book's `release_lock` sequence is: `WATCH`, `GET`, then either
+/// `MULTI act EXEC` (our value) or `UNWATCH` (not ours).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum WatchStep {
+    /// `WATCH key` is in flight.
+    Watch,
+    /// `GET key` is in flight.
+    Get,
+    /// `MULTI act EXEC` is in flight.
+    Exec,
+    /// `UNWATCH` after a foreign (or missing) value is in flight.
+    Unwatch,
+}
+
+impl WatchStep {
+    fn name(self) -> &'static str {
+        match self {
+            WatchStep::Watch => "WATCH",
+            WatchStep::Get => "GET",
+            WatchStep::Exec => "EXEC",
+            WatchStep::Unwatch => "UNWATCH",
+        }
+    }
+}
+
+/// What follows a reply in a watched sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Watched {
+    /// Send this command next and wait at this step.
+    Send(Command, WatchStep),
+    /// The sequence is over; `ours` says whether the act ran on our value.
+    Done {
+        /// Did the act run on our own value?
+        ours: bool,
+    },
+    /// An error reply or a reply of the wrong shape.
+    Failed(ProtocolError),
+}
+
+/// The first request of a watched sequence on `key`.
+pub(crate) fn watch_begin(key: &str) -> (Command, WatchStep) {
+    (
+        Command::Watch {
+            keys: vec![key.to_owned()],
+        },
+        WatchStep::Watch,
+    )
+}
+
+/// Advance a watched sequence on `key` that runs `act` when the key holds
+/// `ours`. An aborted `EXEC` starts the sequence again, as the book's
+/// `while True` loop does on `WatchError`. Every reply is checked: an
+/// `UNWATCH` that does not answer OK and an error inside the `EXEC` reply
+/// fail the sequence.
+pub(crate) fn watch_step(
+    key: &str,
+    ours: &str,
+    act: &Command,
+    step: WatchStep,
+    reply: Reply,
+) -> Watched {
+    match (step, reply) {
+        (_, Reply::Error(e)) => Watched::Failed(ProtocolError::Redis(e)),
+        (WatchStep::Watch, r) if r.is_ok() => Watched::Send(
+            Command::Get {
+                key: key.to_owned(),
+            },
+            WatchStep::Get,
+        ),
+        (WatchStep::Get, Reply::Bulk(v)) if v == ours => {
+            Watched::Send(Command::Transaction(vec![act.clone()]), WatchStep::Exec)
+        }
+        (WatchStep::Get, Reply::Bulk(_) | Reply::Nil) => {
+            Watched::Send(Command::Unwatch, WatchStep::Unwatch)
+        }
+        (WatchStep::Unwatch, r) if r.is_ok() => Watched::Done { ours: false },
+        (WatchStep::Exec, Reply::Nil) => {
+            let (command, step) = watch_begin(key);
+            Watched::Send(command, step)
+        }
+        (WatchStep::Exec, Reply::Array(items)) => match items.as_slice() {
+            [Reply::Int(n)] => Watched::Done { ours: *n == 1 },
+            [Reply::Error(e)] => Watched::Failed(ProtocolError::Redis(e.clone())),
+            _ => Watched::Failed(ProtocolError::UnexpectedReply {
+                request: "EXEC",
+                reply: Reply::Array(items),
+            }),
+        },
+        (step, reply) => Watched::Failed(ProtocolError::UnexpectedReply {
+            request: step.name(),
+            reply,
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------
 // The engine.
 // ---------------------------------------------------------------------------
 
@@ -342,6 +441,10 @@ pub(crate) enum Next<S> {
     NotGranted,
     /// Acquire: no permit, and our entry must be taken out again.
     Undo,
+    /// Acquire: the grant is confirmed (after [`Recipe::confirm`]'s step).
+    Confirmed(Option<Fence>),
+    /// Acquire: give up with this error; nothing of ours was written.
+    Abort(ProtocolError),
     /// Release or extend: did it find (and act on) our own entry?
     Done {
         /// Our entry was there.
@@ -363,6 +466,30 @@ pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
     fn start(&self, op: Op, now: Millis) -> (Command, Self::Step);
     /// The next move after `reply` to `step` of `op`.
     fn advance(&self, op: Op, step: Self::Step, reply: Reply, now: Millis) -> Next<Self::Step>;
+    /// The next move when an acquire step's reply is an error (`Some`) or
+    /// never came (`None`). By default something of ours may have been
+    /// written: take it out again, then retry or fail.
+    fn doubt(&self, step: &Self::Step, error: Option<ProtocolError>) -> Next<Self::Step> {
+        let _ = step;
+        match error {
+            None => Next::Undo,
+            Some(e) => Next::Failed(e),
+        }
+    }
+    /// Does the machine's state keep two facts the engine never reads: the
+    /// lease a release in flight releases, and since when a hold counts
+    /// (its acquire's send time, or the instant an extend did not go
+    /// through)? The lock machines kept both before they ran on the engine;
+    /// keeping them keeps their model-checked state spaces, which tell
+    /// states apart by them, exactly as they were.
+    const KEEPS_UNREAD_STATE: bool = false;
+    /// A step to run once an acquire is granted with `lease` and before it
+    /// is reported (`WAIT` for replicas); its reply must come to
+    /// [`Next::Confirmed`]. By default none.
+    fn confirm(&self, lease: &Lease, now: Millis) -> Option<(Command, Self::Step)> {
+        let _ = (lease, now);
+        None
+    }
 }
 
 /// What an acquire attempt came to (reported once any guard lock is released).
@@ -406,6 +533,9 @@ enum State<S> {
     },
     Held {
         lease: Lease,
+        /// Since when the hold counts, when the recipe keeps it
+        /// ([`Recipe::KEEPS_UNREAD_STATE`]).
+        since: Option<Millis>,
     },
     Extending {
         req: RequestId,
@@ -418,6 +548,9 @@ enum State<S> {
         req: RequestId,
         step: S,
         then: Then,
+        /// The lease released, when the recipe keeps it
+        /// ([`Recipe::KEEPS_UNREAD_STATE`]).
+        lease: Option<Lease>,
     },
 }
 
@@ -519,7 +652,8 @@ impl<R: Recipe> Engine<R> {
                     .set(Timer::Renew, renew_from + (ttl / 3).max(1));
             }
         }
-        self.state = State::Held { lease };
+        let since = R::KEEPS_UNREAD_STATE.then_some(renew_from);
+        self.state = State::Held { lease, since };
     }
 
     /// Stay held on the old lease after an extend that did not go through.
@@ -533,7 +667,8 @@ impl<R: Recipe> Engine<R> {
         if self.ttl_ms.is_some() {
             self.base.timers.set(Timer::Expiry, lease.valid_until);
         }
-        self.state = State::Held { lease };
+        let since = R::KEEPS_UNREAD_STATE.then_some(now);
+        self.state = State::Held { lease, since };
     }
 
     /// One acquire attempt: through the guard when there is one.
@@ -566,16 +701,23 @@ impl<R: Recipe> Engine<R> {
         };
     }
 
-    /// Take a partial acquire out again, then conclude with `after`.
-    fn undo(&mut self, now: Millis, after: After) {
-        self.start_release(now, Then::Attempt(after));
+    /// Take a partial acquire (that would have granted `lease`) out again,
+    /// then conclude with `after`.
+    fn undo(&mut self, now: Millis, lease: Lease, after: After) {
+        self.start_release(now, lease, Then::Attempt(after));
     }
 
-    fn start_release(&mut self, now: Millis, then: Then) {
+    fn start_release(&mut self, now: Millis, lease: Lease, then: Then) {
         self.base.timers.clear_all();
         let (command, step) = self.recipe.start(Op::Release, now);
         let req = self.send(now, command);
-        self.state = State::Releasing { req, step, then };
+        let lease = R::KEEPS_UNREAD_STATE.then_some(lease);
+        self.state = State::Releasing {
+            req,
+            step,
+            then,
+            lease,
+        };
     }
 
     fn start_extend(&mut self, now: Millis, lease: Lease, automatic: bool) {
@@ -683,12 +825,13 @@ impl<R: Recipe> Engine<R> {
             State::Acquiring {
                 step, sent_at, how, ..
             } => {
-                let reply = match reply {
-                    Ok(reply) => reply,
-                    Err(None) => return self.undo(now, After::Retry(how)),
-                    Err(Some(e)) => return self.undo(now, After::Failed(e)),
+                // What an undo takes out: the lease this attempt would grant.
+                let partial = self.lease_from(sent_at, None);
+                let next = match reply {
+                    Ok(reply) => self.recipe.advance(Op::Acquire, step, reply, now),
+                    Err(error) => self.recipe.doubt(&step, error),
                 };
-                match self.recipe.advance(Op::Acquire, step, reply, now) {
+                match next {
                     Next::Send(command, step) => {
                         let req = self.send(now, command);
                         self.state = State::Acquiring {
@@ -698,36 +841,32 @@ impl<R: Recipe> Engine<R> {
                             how,
                         };
                     }
-                    Next::Granted(fence) => {
-                        let lease = self.lease_from(sent_at, fence);
-                        if now >= lease.valid_until {
-                            // Too late to be of use: give it back, try again.
-                            self.undo(now, After::Retry(how));
-                        } else {
-                            self.conclude(
-                                now,
-                                After::Granted {
-                                    lease,
-                                    renew_from: sent_at,
-                                },
-                            );
-                        }
-                    }
+                    Next::Granted(fence) => self.granted(now, sent_at, how, fence, true),
+                    Next::Confirmed(fence) => self.granted(now, sent_at, how, fence, false),
                     Next::NotGranted => self.conclude(now, After::Retry(how)),
-                    Next::Undo => self.undo(now, After::Retry(how)),
-                    Next::Failed(e) => self.undo(now, After::Failed(e)),
+                    Next::Undo => self.undo(now, partial, After::Retry(how)),
+                    Next::Failed(e) => self.undo(now, partial, After::Failed(e)),
+                    Next::Abort(e) => self.conclude(now, After::Failed(e)),
                     Next::Done { .. } | Next::LostUndo => self.undo(
                         now,
+                        partial,
                         After::Failed(ProtocolError::Missing("a recipe step".into())),
                     ),
                 }
             }
-            State::Releasing { step, then, .. } => {
+            State::Releasing {
+                step, then, lease, ..
+            } => {
                 let failure = match reply {
                     Ok(reply) => match self.recipe.advance(Op::Release, step, reply, now) {
                         Next::Send(command, step) => {
                             let req = self.send(now, command);
-                            self.state = State::Releasing { req, step, then };
+                            self.state = State::Releasing {
+                                req,
+                                step,
+                                then,
+                                lease,
+                            };
                             return;
                         }
                         Next::Done { ours } => return self.finish_release(now, ours, then),
@@ -791,7 +930,7 @@ impl<R: Recipe> Engine<R> {
                         self.go_idle();
                         self.base.out.emit(Event::Lost);
                     }
-                    Next::LostUndo => self.start_release(now, Then::Lost),
+                    Next::LostUndo => self.start_release(now, lease, Then::Lost),
                     Next::Failed(e) => {
                         self.hold_on(now, lease);
                         self.base.out.emit(Event::Failed(e));
@@ -806,6 +945,40 @@ impl<R: Recipe> Engine<R> {
             }
             other => self.state = other,
         }
+    }
+
+    /// An acquire sent at `sent_at` is granted: hold it, unless it came too
+    /// late to be of use or (with `confirm`) the recipe confirms it first.
+    fn granted(
+        &mut self,
+        now: Millis,
+        sent_at: Millis,
+        how: Acquire,
+        fence: Option<Fence>,
+        confirm: bool,
+    ) {
+        let lease = self.lease_from(sent_at, fence);
+        if now >= lease.valid_until {
+            // Too late to be of use: give it back, try again.
+            return self.undo(now, lease, After::Retry(how));
+        }
+        if let Some((command, step)) = confirm.then(|| self.recipe.confirm(&lease, now)).flatten() {
+            let req = self.send(now, command);
+            self.state = State::Acquiring {
+                req,
+                step,
+                sent_at,
+                how,
+            };
+            return;
+        }
+        self.conclude(
+            now,
+            After::Granted {
+                lease,
+                renew_from: sent_at,
+            },
+        );
     }
 
     fn finish_release(&mut self, now: Millis, ours: bool, then: Then) {
@@ -844,13 +1017,14 @@ impl<R: Recipe> Protocol for Engine<R> {
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
         }
-        self.start_release(now, Then::Report);
+        let lease = self.lease().cloned().expect("held");
+        self.start_release(now, lease, Then::Report);
         Ok(())
     }
 
     fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
         let lease = match &self.state {
-            State::Held { lease } => lease.clone(),
+            State::Held { lease, .. } => lease.clone(),
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
         };
@@ -893,7 +1067,7 @@ impl<R: Recipe> Protocol for Engine<R> {
                     self.go_idle();
                     self.base.out.emit(Event::Lost);
                 }
-                (Timer::Renew, State::Held { lease }) => {
+                (Timer::Renew, State::Held { lease, .. }) => {
                     let lease = lease.clone();
                     self.start_extend(now, lease, true);
                 }
@@ -926,7 +1100,7 @@ impl<R: Recipe> Protocol for Engine<R> {
 
     fn lease(&self) -> Option<&Lease> {
         match &self.state {
-            State::Held { lease } | State::Extending { lease, .. } => Some(lease),
+            State::Held { lease, .. } | State::Extending { lease, .. } => Some(lease),
             _ => None,
         }
     }

@@ -8,19 +8,20 @@
 //! fence is older than one it has accepted. [`FencedResource`] is that
 //! resource.
 
-use super::lease_lock::{delegate_protocol, Grant, Guard, LeaseLock};
+use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
+use crate::engine::{Engine, OnEngine};
 use crate::protocol::{Fence, Token};
 
 /// The `fenced` lock machine.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FencedLock(LeaseLock);
+pub struct FencedLock(Engine<LeaseRecipe>);
 
 impl FencedLock {
     /// A lock on `config.name` for the owner `token`; renews at TTL/3 when
     /// `config.auto_renew` is set.
     pub fn new(config: &Config, token: Token) -> Result<FencedLock, ConfigError> {
-        LeaseLock::new(
+        lease_lock(
             "fenced",
             config,
             token,
@@ -32,7 +33,15 @@ impl FencedLock {
     }
 }
 
-delegate_protocol!(FencedLock, 0);
+impl OnEngine for FencedLock {
+    type Recipe = LeaseRecipe;
+    fn engine(&self) -> &Engine<LeaseRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
+        &mut self.0
+    }
+}
 
 /// A write refused by a [`FencedResource`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]

@@ -6,18 +6,19 @@
 //! then deletes the successor's lock. Extend has the same gap (`GET`, then
 //! `PEXPIRE`), so it can extend someone else's lock.
 
-use super::lease_lock::{delegate_protocol, Grant, Guard, LeaseLock};
+use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
+use crate::engine::{Engine, OnEngine};
 use crate::protocol::Token;
 
 /// The `set-px-get-del` lock machine.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetPxGetDel(LeaseLock);
+pub struct SetPxGetDel(Engine<LeaseRecipe>);
 
 impl SetPxGetDel {
     /// A lock on `config.name` for the owner `token`. No automatic renewal.
     pub fn new(config: &Config, token: Token) -> Result<SetPxGetDel, ConfigError> {
-        LeaseLock::new(
+        lease_lock(
             "set-px-get-del",
             config,
             token,
@@ -29,4 +30,12 @@ impl SetPxGetDel {
     }
 }
 
-delegate_protocol!(SetPxGetDel, 0);
+impl OnEngine for SetPxGetDel {
+    type Recipe = LeaseRecipe;
+    fn engine(&self) -> &Engine<LeaseRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
+        &mut self.0
+    }
+}

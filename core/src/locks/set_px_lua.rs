@@ -8,18 +8,19 @@
 //! promise to stop when its validity runs out: a paused holder that resumes
 //! after its TTL still believes it holds (the `pause` fault).
 
-use super::lease_lock::{delegate_protocol, Grant, Guard, LeaseLock};
+use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
+use crate::engine::{Engine, OnEngine};
 use crate::protocol::Token;
 
 /// The `set-px-lua` lock machine.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetPxLua(LeaseLock);
+pub struct SetPxLua(Engine<LeaseRecipe>);
 
 impl SetPxLua {
     /// A lock on `config.name` for the owner `token`. No automatic renewal.
     pub fn new(config: &Config, token: Token) -> Result<SetPxLua, ConfigError> {
-        LeaseLock::new(
+        lease_lock(
             "set-px-lua",
             config,
             token,
@@ -31,4 +32,12 @@ impl SetPxLua {
     }
 }
 
-delegate_protocol!(SetPxLua, 0);
+impl OnEngine for SetPxLua {
+    type Recipe = LeaseRecipe;
+    fn engine(&self) -> &Engine<LeaseRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
+        &mut self.0
+    }
+}

@@ -6,19 +6,20 @@
 //! the key changed (or expired) after the `GET`, so the release retries
 //! instead of deleting a successor's lock. Extend works the same way.
 
-use super::lease_lock::{delegate_protocol, Grant, Guard, LeaseLock};
+use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
+use crate::engine::{Engine, OnEngine};
 use crate::protocol::Token;
 
 /// The `set-px-watch` lock machine. Its driver must give it a connection of
 /// its own: `WATCH` state lives on the connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetPxWatch(LeaseLock);
+pub struct SetPxWatch(Engine<LeaseRecipe>);
 
 impl SetPxWatch {
     /// A lock on `config.name` for the owner `token`. No automatic renewal.
     pub fn new(config: &Config, token: Token) -> Result<SetPxWatch, ConfigError> {
-        LeaseLock::new(
+        lease_lock(
             "set-px-watch",
             config,
             token,
@@ -30,4 +31,12 @@ impl SetPxWatch {
     }
 }
 
-delegate_protocol!(SetPxWatch, 0);
+impl OnEngine for SetPxWatch {
+    type Recipe = LeaseRecipe;
+    fn engine(&self) -> &Engine<LeaseRecipe> {
+        &self.0
+    }
+    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
+        &mut self.0
+    }
+}

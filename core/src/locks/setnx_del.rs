@@ -30,10 +30,11 @@
 //! [`Protocol::extend`] has nothing to extend: it reports
 //! [`Event::Extended`] with the same lease at once.
 //!
-//! The `WATCH` sequence is shared with `setnx-expire` (the crate-private
-//! `watch_begin` and `watch_step` below).
+//! The `WATCH` sequence is the engine's one watched release step, shared
+//! with `setnx-expire` and `set-px-watch`.
 
 use crate::config::{Config, ConfigError};
+use crate::engine::{watch_begin, watch_step, WatchStep, Watched};
 use crate::engine::{Scaffold, Timer};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
@@ -41,103 +42,6 @@ use crate::protocol::{
     UsageError,
 };
 use crate::time::Millis;
-
-// ---------------------------------------------------------------------------
-// Pieces shared by the SETNX locks.
-// ---------------------------------------------------------------------------
-
-/// Where the book's `release_lock` sequence is: `WATCH`, `GET`, then either
-/// `MULTI act EXEC` (our value) or `UNWATCH` (not ours).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum WatchStep {
-    /// `WATCH key` is in flight.
-    Watch,
-    /// `GET key` is in flight.
-    Get,
-    /// `MULTI act EXEC` is in flight.
-    Exec,
-    /// `UNWATCH` after a foreign (or missing) value is in flight.
-    Unwatch,
-}
-
-impl WatchStep {
-    fn name(self) -> &'static str {
-        match self {
-            WatchStep::Watch => "WATCH",
-            WatchStep::Get => "GET",
-            WatchStep::Exec => "EXEC",
-            WatchStep::Unwatch => "UNWATCH",
-        }
-    }
-}
-
-/// What follows a reply in a watched sequence.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Watched {
-    /// Send this command next and wait at this step.
-    Send(Command, WatchStep),
-    /// The sequence is over; `ours` says whether the act ran on our value.
-    Done {
-        /// Did the act run on our own value?
-        ours: bool,
-    },
-    /// An error reply or a reply of the wrong shape.
-    Failed(ProtocolError),
-}
-
-/// The first request of a watched sequence on `key`.
-pub(crate) fn watch_begin(key: &str) -> (Command, WatchStep) {
-    (
-        Command::Watch {
-            keys: vec![key.to_owned()],
-        },
-        WatchStep::Watch,
-    )
-}
-
-/// Advance a watched sequence on `key` that runs `act` when the key holds
-/// `ours`. An aborted `EXEC` starts the sequence again, as the book's
-/// `while True` loop does on `WatchError`.
-pub(crate) fn watch_step(
-    key: &str,
-    ours: &str,
-    act: &Command,
-    step: WatchStep,
-    reply: Reply,
-) -> Watched {
-    match (step, reply) {
-        (_, Reply::Error(e)) => Watched::Failed(ProtocolError::Redis(e)),
-        (WatchStep::Watch, r) if r.is_ok() => Watched::Send(
-            Command::Get {
-                key: key.to_owned(),
-            },
-            WatchStep::Get,
-        ),
-        (WatchStep::Get, Reply::Bulk(v)) if v == ours => {
-            Watched::Send(Command::Transaction(vec![act.clone()]), WatchStep::Exec)
-        }
-        (WatchStep::Get, Reply::Bulk(_) | Reply::Nil) => {
-            Watched::Send(Command::Unwatch, WatchStep::Unwatch)
-        }
-        (WatchStep::Unwatch, r) if r.is_ok() => Watched::Done { ours: false },
-        (WatchStep::Exec, Reply::Nil) => {
-            let (command, step) = watch_begin(key);
-            Watched::Send(command, step)
-        }
-        (WatchStep::Exec, Reply::Array(items)) => match items.as_slice() {
-            [Reply::Int(n)] => Watched::Done { ours: *n == 1 },
-            [Reply::Error(e)] => Watched::Failed(ProtocolError::Redis(e.clone())),
-            _ => Watched::Failed(ProtocolError::UnexpectedReply {
-                request: "EXEC",
-                reply: Reply::Array(items),
-            }),
-        },
-        (step, reply) => Watched::Failed(ProtocolError::UnexpectedReply {
-            request: step.name(),
-            reply,
-        }),
-    }
-}
 
 // ---------------------------------------------------------------------------
 // States.

@@ -41,9 +41,8 @@
 //! until a waiter repairs it. Like every lease it fails mutual exclusion
 //! when the holder pauses past its TTL.
 
-use super::setnx_del::{watch_begin, watch_step, WatchStep, Watched};
 use crate::config::{Config, ConfigError};
-use crate::engine::{Scaffold, Timer};
+use crate::engine::{watch_begin, watch_step, Scaffold, Timer, WatchStep, Watched};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
     Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
