@@ -483,6 +483,13 @@ pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
     /// keeping them keeps their model-checked state spaces, which tell
     /// states apart by them, exactly as they were.
     const KEEPS_UNREAD_STATE: bool = false;
+    /// Do its leases count from the send time of the request that took
+    /// them? A recipe without TTL says no, and its machine keeps no send
+    /// time.
+    const TIMED: bool = true;
+    /// Is there anything to extend? A recipe without TTL says no: an extend
+    /// reports [`Event::Extended`] with the same lease at once.
+    const EXTENDS: bool = true;
     /// A step to run once an acquire is granted with `lease` and before it
     /// is reported (`WAIT` for replicas); its reply must come to
     /// [`Next::Confirmed`]. By default none.
@@ -625,6 +632,16 @@ impl<R: Recipe> Engine<R> {
         self.base.send(now, NodeId(0), Timer::Reply, command)
     }
 
+    /// The send time an acquire or extend keeps: `now`, or nothing (zero)
+    /// for a recipe whose leases do not count from it.
+    fn stamp(&self, now: Millis) -> Millis {
+        if R::TIMED {
+            now
+        } else {
+            Millis(0)
+        }
+    }
+
     fn lease_from(&self, sent_at: Millis, fence: Option<Fence>) -> Lease {
         let valid_until = match self.ttl_ms {
             Some(ttl) => sent_at + ttl.saturating_sub(self.drift_ms),
@@ -696,7 +713,7 @@ impl<R: Recipe> Engine<R> {
         self.state = State::Acquiring {
             req,
             step,
-            sent_at: now,
+            sent_at: self.stamp(now),
             how,
         };
     }
@@ -727,7 +744,7 @@ impl<R: Recipe> Engine<R> {
         self.state = State::Extending {
             req,
             step,
-            sent_at: now,
+            sent_at: self.stamp(now),
             lease,
             automatic,
         };
@@ -1028,6 +1045,10 @@ impl<R: Recipe> Protocol for Engine<R> {
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
         };
+        if !R::EXTENDS {
+            self.base.out.emit(Event::Extended(lease));
+            return Ok(());
+        }
         self.start_extend(now, lease, false);
         Ok(())
     }

@@ -27,62 +27,96 @@
 //! reply: a `SETNX` that ran but whose reply never came leaves our own token
 //! in the key, and this machine (like the book) treats the attempt as failed.
 //!
-//! [`Protocol::extend`] has nothing to extend: it reports
-//! [`Event::Extended`] with the same lease at once.
+//! `extend` has nothing to extend: it reports `Extended` with the same
+//! lease at once.
 //!
 //! The `WATCH` sequence is the engine's one watched release step, shared
 //! with `setnx-expire` and `set-px-watch`.
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{watch_begin, watch_step, WatchStep, Watched};
-use crate::engine::{Scaffold, Timer};
-use crate::keyspace::{Command, Reply};
-use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
-    UsageError,
+use crate::engine::{
+    watch_begin, watch_step, Engine, EngineConfig, Next, OnEngine, Op, Recipe, WatchStep, Watched,
 };
+use crate::keyspace::{Command, Reply};
+use crate::protocol::{ProtocolError, Token};
 use crate::time::Millis;
 
 // ---------------------------------------------------------------------------
-// States.
+// Steps and recipe.
 // ---------------------------------------------------------------------------
 
+/// Where a request sequence of `setnx-del` is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum State {
-    Idle,
+pub(crate) enum Step {
     /// `SETNX` in flight.
-    Acquiring {
-        req: RequestId,
-        how: Acquire,
-    },
-    /// Taken; the retry timer is armed.
-    BackingOff {
-        how: Acquire,
-    },
-    /// The key is ours until we delete it.
-    Held {
-        lease: Lease,
-    },
-    /// The watched release is in flight.
-    Releasing {
-        req: RequestId,
-        step: WatchStep,
-        lease: Lease,
-    },
+    Setnx,
+    /// The watched release is at this step.
+    Release(WatchStep),
 }
 
-/// The lease of a lock without TTL: valid until we delete it.
-const FOREVER: Millis = Millis(u64::MAX);
+/// The commands of `setnx-del` and what their replies mean.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SetnxDelRecipe {
+    key: String,
+    token: Token,
+}
+
+impl Recipe for SetnxDelRecipe {
+    type Step = Step;
+    const TIMED: bool = false;
+    const EXTENDS: bool = false;
+
+    fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
+        match op {
+            Op::Acquire => (
+                Command::SetNx {
+                    key: self.key.clone(),
+                    value: self.token.0.clone(),
+                },
+                Step::Setnx,
+            ),
+            Op::Release | Op::Extend => {
+                let (command, step) = watch_begin(&self.key);
+                (command, Step::Release(step))
+            }
+        }
+    }
+
+    fn advance(&self, _op: Op, step: Step, reply: Reply, _now: Millis) -> Next<Step> {
+        match (step, reply) {
+            (Step::Setnx, Reply::Int(1)) => Next::Granted(None),
+            (Step::Setnx, Reply::Int(0)) => Next::NotGranted,
+            (Step::Setnx, reply) => Next::Abort(ProtocolError::UnexpectedReply {
+                request: "SETNX",
+                reply,
+            }),
+            (Step::Release(step), reply) => {
+                let act = Command::Del {
+                    keys: vec![self.key.clone()],
+                };
+                match watch_step(&self.key, &self.token.0, &act, step, reply) {
+                    Watched::Send(command, step) => Next::Send(command, Step::Release(step)),
+                    Watched::Done { ours } => Next::Done { ours },
+                    Watched::Failed(e) => Next::Failed(e),
+                }
+            }
+        }
+    }
+
+    /// The book only knows "setnx returned true": an unknown `SETNX` is a
+    /// lost attempt, even when it ran and left our token behind.
+    fn doubt(&self, _step: &Step, error: Option<ProtocolError>) -> Next<Step> {
+        match error {
+            None => Next::NotGranted,
+            Some(e) => Next::Abort(e),
+        }
+    }
+}
 
 /// The `setnx-del` lock machine. Its driver must give it a connection of its
 /// own: the release's `WATCH` state lives on the connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetnxDel {
-    key: String,
-    token: Token,
-    state: State,
-    base: Scaffold,
-}
+pub struct SetnxDel(Engine<SetnxDelRecipe>);
 
 impl SetnxDel {
     /// A lock on `config.name` for the owner `token`. `config.ttl_ms` is
@@ -92,200 +126,35 @@ impl SetnxDel {
         if token.0.is_empty() {
             return Err(ConfigError::EmptyToken);
         }
-        Ok(SetnxDel {
+        let recipe = SetnxDelRecipe {
             key: config.key(),
-            token,
-            state: State::Idle,
-            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
-        })
-    }
-
-    fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        self.base.send(now, NodeId(0), Timer::Reply, command)
-    }
-
-    fn send_setnx(&mut self, now: Millis, how: Acquire) {
-        let req = self.send(
-            now,
-            Command::SetNx {
-                key: self.key.clone(),
-                value: self.token.0.clone(),
-            },
-        );
-        self.state = State::Acquiring { req, how };
-    }
-
-    fn go_idle(&mut self) {
-        self.base.timers.clear_all();
-        self.state = State::Idle;
-    }
-
-    fn fail(&mut self, error: ProtocolError) {
-        self.go_idle();
-        self.base.out.emit(Event::Failed(error));
-    }
-
-    fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how) {
-            State::BackingOff { how }
-        } else {
-            State::Idle
+            token: token.clone(),
         };
-    }
-
-    fn current_request(&self) -> Option<RequestId> {
-        match &self.state {
-            State::Acquiring { req, .. } | State::Releasing { req, .. } => Some(*req),
-            _ => None,
-        }
+        let mut engine = EngineConfig::from(config, token);
+        // Whether the DEL of a release ran may be unknown: with no TTL a key
+        // left behind stays for ever, the specimen's weakness.
+        engine.ttl_ms = None;
+        Ok(SetnxDel(Engine::new(recipe, engine)))
     }
 }
 
-// ---------------------------------------------------------------------------
-// Transitions.
-// ---------------------------------------------------------------------------
-
-impl Protocol for SetnxDel {
-    fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        match self.state {
-            State::Idle => {}
-            State::Held { .. } => return Err(UsageError::AlreadyHeld),
-            _ => return Err(UsageError::Busy),
-        }
-        self.base.backoff.reset();
-        self.send_setnx(now, how);
-        Ok(())
+impl OnEngine for SetnxDel {
+    type Recipe = SetnxDelRecipe;
+    fn engine(&self) -> &Engine<SetnxDelRecipe> {
+        &self.0
     }
-
-    fn release(&mut self, now: Millis) -> Result<(), UsageError> {
-        let lease = match &self.state {
-            State::Held { lease } => lease.clone(),
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
-        };
-        let (command, step) = watch_begin(&self.key);
-        let req = self.send(now, command);
-        self.state = State::Releasing { req, step, lease };
-        Ok(())
-    }
-
-    /// There is no TTL to extend: reports [`Event::Extended`] with the same
-    /// lease at once.
-    fn extend(&mut self, _now: Millis) -> Result<(), UsageError> {
-        match &self.state {
-            State::Held { lease } => {
-                let lease = lease.clone();
-                self.base.out.emit(Event::Extended(lease));
-                Ok(())
-            }
-            State::Idle => Err(UsageError::NotHeld),
-            _ => Err(UsageError::Busy),
-        }
-    }
-
-    fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
-        if self.current_request() != Some(id) {
-            return;
-        }
-        self.base.timers.clear(Timer::Reply);
-        let state = std::mem::replace(&mut self.state, State::Idle);
-        match (state, outcome) {
-            (State::Acquiring { .. }, Outcome::Reply(Reply::Int(1))) => {
-                let lease = Lease {
-                    token: self.token.clone(),
-                    fence: None,
-                    valid_until: FOREVER,
-                };
-                self.base.timers.clear_all();
-                self.state = State::Held {
-                    lease: lease.clone(),
-                };
-                self.base.out.emit(Event::Acquired(lease));
-            }
-            // Taken, or unknown: the book only knows "setnx returned true".
-            (State::Acquiring { how, .. }, Outcome::Reply(Reply::Int(0)) | Outcome::Unknown) => {
-                self.retry_or_deny(now, how);
-            }
-            (State::Acquiring { .. }, Outcome::Reply(Reply::Error(e))) => {
-                self.fail(ProtocolError::Redis(e));
-            }
-            (State::Acquiring { .. }, Outcome::Reply(reply)) => {
-                self.fail(ProtocolError::UnexpectedReply {
-                    request: "SETNX",
-                    reply,
-                });
-            }
-            (State::Releasing { step, lease, .. }, Outcome::Reply(reply)) => {
-                let act = Command::Del {
-                    keys: vec![self.key.clone()],
-                };
-                match watch_step(&self.key, &self.token.0, &act, step, reply) {
-                    Watched::Send(command, step) => {
-                        let req = self.send(now, command);
-                        self.state = State::Releasing { req, step, lease };
-                    }
-                    Watched::Done { ours } => {
-                        self.go_idle();
-                        self.base.out.emit(Event::Released { was_held: ours });
-                    }
-                    Watched::Failed(e) => self.fail(e),
-                }
-            }
-            // Whether the DEL ran is unknown. With no TTL a key left behind
-            // stays for ever: the specimen's weakness, not repaired here.
-            (State::Releasing { .. }, Outcome::Unknown) => {
-                self.go_idle();
-                self.base.out.emit(Event::Released { was_held: false });
-            }
-            (state, _) => self.state = state,
-        }
-    }
-
-    fn handle_timeout(&mut self, now: Millis) {
-        let due = self.base.due(now);
-        for timer in due {
-            match (timer, &self.state) {
-                (Timer::Reply, _) => {
-                    if let Some(req) = self.current_request() {
-                        self.handle_reply(now, req, Outcome::Unknown);
-                    }
-                }
-                (Timer::Retry, State::BackingOff { how }) => {
-                    let how = *how;
-                    self.send_setnx(now, how);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn poll_transmit(&mut self) -> Option<Request> {
-        self.base.poll_transmit()
-    }
-
-    fn poll_event(&mut self) -> Option<Event> {
-        self.base.poll_event()
-    }
-
-    fn poll_timeout(&self) -> Option<Millis> {
-        self.base.poll_timeout()
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        match &self.state {
-            State::Held { lease } => Some(lease),
-            _ => None,
-        }
-    }
-
-    fn is_busy(&self) -> bool {
-        !matches!(self.state, State::Idle | State::Held { .. })
+    fn engine_mut(&mut self) -> &mut Engine<SetnxDelRecipe> {
+        &mut self.0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{Acquire, Event, Lease, Outcome, Protocol, RequestId, UsageError};
+
+    /// The lease of a lock without TTL: valid until we delete it.
+    const FOREVER: Millis = Millis(u64::MAX);
     use crate::keyspace::Keyspace;
     use crate::protocol::testkit::{answer, drive, drop_requests, lease, run_until};
 
