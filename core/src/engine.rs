@@ -476,17 +476,26 @@ pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
             Some(e) => Next::Failed(e),
         }
     }
-    /// Does the machine's state keep two facts the engine never reads: the
-    /// lease a release in flight releases, and since when a hold counts
-    /// (its acquire's send time, or the instant an extend did not go
-    /// through)? The lock machines kept both before they ran on the engine;
-    /// keeping them keeps their model-checked state spaces, which tell
-    /// states apart by them, exactly as they were.
-    const KEEPS_UNREAD_STATE: bool = false;
-    /// Do its leases count from the send time of the request that took
-    /// them? A recipe without TTL says no, and its machine keeps no send
-    /// time.
-    const TIMED: bool = true;
+    /// Does a release in flight keep the lease it releases in the machine's
+    /// state? The engine never reads it; the lock machines kept it before
+    /// they ran on the engine, and keeping it keeps their model-checked
+    /// state spaces (which tell states apart by it) exactly as they were.
+    const KEEPS_RELEASED_LEASE: bool = false;
+    /// Does a hold keep since when it counts (its acquire's send time, or
+    /// the instant an extend did not go through)? Never read either; kept
+    /// for the same reason by the `SET NX PX` locks.
+    const KEEPS_HOLD_START: bool = false;
+    /// Does the lease being taken at `step` count from the send time of the
+    /// sequence's first request? Where it does not (no TTL, or a step that
+    /// can no longer grant) the machine keeps no send time.
+    fn timed(&self, step: &Self::Step) -> bool {
+        let _ = step;
+        true
+    }
+    /// Is a grant that comes back too late to be of use taken out again and
+    /// retried? A recipe that says no holds it, and the expiry timer reports
+    /// it lost at once.
+    const UNDOES_LATE_GRANTS: bool = true;
     /// Is there anything to extend? A recipe without TTL says no: an extend
     /// reports [`Event::Extended`] with the same lease at once.
     const EXTENDS: bool = true;
@@ -541,7 +550,7 @@ enum State<S> {
     Held {
         lease: Lease,
         /// Since when the hold counts, when the recipe keeps it
-        /// ([`Recipe::KEEPS_UNREAD_STATE`]).
+        /// ([`Recipe::KEEPS_HOLD_START`]).
         since: Option<Millis>,
     },
     Extending {
@@ -556,7 +565,7 @@ enum State<S> {
         step: S,
         then: Then,
         /// The lease released, when the recipe keeps it
-        /// ([`Recipe::KEEPS_UNREAD_STATE`]).
+        /// ([`Recipe::KEEPS_RELEASED_LEASE`]).
         lease: Option<Lease>,
     },
 }
@@ -632,11 +641,11 @@ impl<R: Recipe> Engine<R> {
         self.base.send(now, NodeId(0), Timer::Reply, command)
     }
 
-    /// The send time an acquire or extend keeps: `now`, or nothing (zero)
-    /// for a recipe whose leases do not count from it.
-    fn stamp(&self, now: Millis) -> Millis {
-        if R::TIMED {
-            now
+    /// The send time an acquire or extend at `step` keeps: `sent_at`, or
+    /// nothing (zero) at a step whose lease does not count from it.
+    fn stamp(&self, step: &R::Step, sent_at: Millis) -> Millis {
+        if self.recipe.timed(step) {
+            sent_at
         } else {
             Millis(0)
         }
@@ -669,7 +678,7 @@ impl<R: Recipe> Engine<R> {
                     .set(Timer::Renew, renew_from + (ttl / 3).max(1));
             }
         }
-        let since = R::KEEPS_UNREAD_STATE.then_some(renew_from);
+        let since = R::KEEPS_HOLD_START.then_some(renew_from);
         self.state = State::Held { lease, since };
     }
 
@@ -684,7 +693,7 @@ impl<R: Recipe> Engine<R> {
         if self.ttl_ms.is_some() {
             self.base.timers.set(Timer::Expiry, lease.valid_until);
         }
-        let since = R::KEEPS_UNREAD_STATE.then_some(now);
+        let since = R::KEEPS_HOLD_START.then_some(now);
         self.state = State::Held { lease, since };
     }
 
@@ -712,8 +721,8 @@ impl<R: Recipe> Engine<R> {
         let req = self.send(now, command);
         self.state = State::Acquiring {
             req,
+            sent_at: self.stamp(&step, now),
             step,
-            sent_at: self.stamp(now),
             how,
         };
     }
@@ -728,7 +737,7 @@ impl<R: Recipe> Engine<R> {
         self.base.timers.clear_all();
         let (command, step) = self.recipe.start(Op::Release, now);
         let req = self.send(now, command);
-        let lease = R::KEEPS_UNREAD_STATE.then_some(lease);
+        let lease = R::KEEPS_RELEASED_LEASE.then_some(lease);
         self.state = State::Releasing {
             req,
             step,
@@ -743,8 +752,8 @@ impl<R: Recipe> Engine<R> {
         let req = self.send(now, command);
         self.state = State::Extending {
             req,
+            sent_at: self.stamp(&step, now),
             step,
-            sent_at: self.stamp(now),
             lease,
             automatic,
         };
@@ -853,8 +862,8 @@ impl<R: Recipe> Engine<R> {
                         let req = self.send(now, command);
                         self.state = State::Acquiring {
                             req,
+                            sent_at: self.stamp(&step, sent_at),
                             step,
-                            sent_at,
                             how,
                         };
                     }
@@ -932,8 +941,8 @@ impl<R: Recipe> Engine<R> {
                         let req = self.send(now, command);
                         self.state = State::Extending {
                             req,
+                            sent_at: self.stamp(&step, sent_at),
                             step,
-                            sent_at,
                             lease,
                             automatic,
                         };
@@ -975,7 +984,7 @@ impl<R: Recipe> Engine<R> {
         confirm: bool,
     ) {
         let lease = self.lease_from(sent_at, fence);
-        if now >= lease.valid_until {
+        if R::UNDOES_LATE_GRANTS && now >= lease.valid_until {
             // Too late to be of use: give it back, try again.
             return self.undo(now, lease, After::Retry(how));
         }

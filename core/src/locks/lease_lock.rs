@@ -165,7 +165,8 @@ impl LeaseRecipe {
 
 impl Recipe for LeaseRecipe {
     type Step = Step;
-    const KEEPS_UNREAD_STATE: bool = true;
+    const KEEPS_RELEASED_LEASE: bool = true;
+    const KEEPS_HOLD_START: bool = true;
 
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
         match (op, self.guard) {

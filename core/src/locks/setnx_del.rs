@@ -63,7 +63,10 @@ pub(crate) struct SetnxDelRecipe {
 
 impl Recipe for SetnxDelRecipe {
     type Step = Step;
-    const TIMED: bool = false;
+
+    fn timed(&self, _step: &Step) -> bool {
+        false
+    }
     const EXTENDS: bool = false;
 
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {

@@ -42,85 +42,145 @@
 //! when the holder pauses past its TTL.
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{watch_begin, watch_step, Scaffold, Timer, WatchStep, Watched};
-use crate::keyspace::{Command, Reply};
-use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
-    UsageError,
+use crate::engine::{
+    watch_begin, watch_step, Engine, EngineConfig, Next, OnEngine, Op, Recipe, WatchStep, Watched,
 };
+use crate::keyspace::{Command, Reply};
+use crate::protocol::{ProtocolError, Token};
 use crate::time::Millis;
 
 // ---------------------------------------------------------------------------
-// States.
+// Steps and recipe.
 // ---------------------------------------------------------------------------
 
+/// Where a request sequence of `setnx-expire` is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum State {
-    Idle,
+pub(crate) enum Step {
     /// `SETNX` in flight.
-    Acquiring {
-        req: RequestId,
-        sent_at: Millis,
-        how: Acquire,
-    },
+    Setnx,
     /// `SETNX` won; the separate `EXPIRE` is in flight.
-    Expiring {
-        req: RequestId,
-        sent_at: Millis,
-    },
+    Expire,
     /// `SETNX` lost; `TTL` is in flight.
-    CheckingTtl {
-        req: RequestId,
-        how: Acquire,
-    },
+    CheckTtl,
     /// The key had no TTL; the repairing `EXPIRE` is in flight.
-    Repairing {
-        req: RequestId,
-        how: Acquire,
-    },
-    /// Taken; the retry timer is armed.
-    BackingOff {
-        how: Acquire,
-    },
-    Held {
-        lease: Lease,
-    },
-    /// The watched `PEXPIRE` is in flight.
-    Extending {
-        req: RequestId,
-        step: WatchStep,
-        sent_at: Millis,
-        lease: Lease,
-    },
-    /// The watched `DEL` is in flight.
-    Releasing {
-        req: RequestId,
-        step: WatchStep,
-        lease: Lease,
-        then: Then,
-    },
+    Repair,
+    /// The watched `DEL` (release) or `PEXPIRE` (extend) is at this step.
+    Watched(WatchStep),
 }
 
-/// What follows a release.
+/// The commands of `setnx-expire` and what their replies mean.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Then {
-    /// The application asked: report `Released`.
-    Report,
-    /// A grant is undone because its `EXPIRE` failed: report the error.
-    Fail(ProtocolError),
+pub(crate) struct SetnxExpireRecipe {
+    key: String,
+    ttl_ms: u64,
+    token: Token,
+}
+
+impl SetnxExpireRecipe {
+    /// `EXPIRE key ceil(ttl / 1000)`: the book's whole seconds.
+    fn expire_command(&self) -> Command {
+        Command::Expire {
+            key: self.key.clone(),
+            seconds: self.ttl_ms.div_ceil(1_000) as i64,
+        }
+    }
+}
+
+impl Recipe for SetnxExpireRecipe {
+    type Step = Step;
+    const KEEPS_RELEASED_LEASE: bool = true;
+    // The book holds whatever its SETNX won; a late grant expires at once.
+    const UNDOES_LATE_GRANTS: bool = false;
+
+    fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
+        match op {
+            Op::Acquire => (
+                Command::SetNx {
+                    key: self.key.clone(),
+                    value: self.token.0.clone(),
+                },
+                Step::Setnx,
+            ),
+            Op::Release | Op::Extend => {
+                let (command, step) = watch_begin(&self.key);
+                (command, Step::Watched(step))
+            }
+        }
+    }
+
+    fn advance(&self, op: Op, step: Step, reply: Reply, _now: Millis) -> Next<Step> {
+        match (step, reply) {
+            // Step one won: set the expiry as a second request.
+            (Step::Setnx, Reply::Int(1)) => Next::Send(self.expire_command(), Step::Expire),
+            // Taken: does the key have a TTL?
+            (Step::Setnx, Reply::Int(0)) => Next::Send(
+                Command::Ttl {
+                    key: self.key.clone(),
+                },
+                Step::CheckTtl,
+            ),
+            (Step::Setnx, reply) => abort("SETNX", reply),
+            // The book ignores what `EXPIRE` answers: the key is ours, with
+            // a TTL or, at worst, until a waiter repairs it.
+            (Step::Expire, Reply::Int(_)) => Next::Granted(None),
+            // The key is ours but may have no TTL: undo the grant.
+            (Step::Expire, reply) => Next::Failed(ProtocolError::UnexpectedReply {
+                request: "EXPIRE",
+                reply,
+            }),
+            // The book's repair: a key without expiry gets one.
+            (Step::CheckTtl, Reply::Int(-1)) => Next::Send(self.expire_command(), Step::Repair),
+            (Step::CheckTtl, Reply::Int(_)) => Next::NotGranted,
+            (Step::CheckTtl, reply) => abort("TTL", reply),
+            (Step::Repair, Reply::Int(_)) => Next::NotGranted,
+            (Step::Repair, reply) => abort("EXPIRE", reply),
+            (Step::Watched(step), reply) => {
+                let act = match op {
+                    Op::Extend => Command::PExpire {
+                        key: self.key.clone(),
+                        millis: self.ttl_ms as i64,
+                    },
+                    _ => Command::Del {
+                        keys: vec![self.key.clone()],
+                    },
+                };
+                match watch_step(&self.key, &self.token.0, &act, step, reply) {
+                    Watched::Send(command, step) => Next::Send(command, Step::Watched(step)),
+                    Watched::Done { ours } => Next::Done { ours },
+                    Watched::Failed(e) => Next::Failed(e),
+                }
+            }
+        }
+    }
+
+    /// A lost reply is a lost attempt, except on the `EXPIRE` after a won
+    /// `SETNX`: the key is ours (the book ignores that reply). An error
+    /// there undoes the grant; anywhere else it is reported at once.
+    fn doubt(&self, step: &Step, error: Option<ProtocolError>) -> Next<Step> {
+        match (step, error) {
+            (Step::Expire, None) => Next::Granted(None),
+            (Step::Expire, Some(e)) => Next::Failed(e),
+            (_, None) => Next::NotGranted,
+            (_, Some(e)) => Next::Abort(e),
+        }
+    }
+
+    /// Only the `SETNX` and its `EXPIRE` can grant; a waiter's `TTL` and
+    /// repair keep no send time.
+    fn timed(&self, step: &Step) -> bool {
+        !matches!(step, Step::CheckTtl | Step::Repair)
+    }
+}
+
+/// An acquire step's reply of the wrong shape.
+fn abort(request: &'static str, reply: Reply) -> Next<Step> {
+    Next::Abort(ProtocolError::UnexpectedReply { request, reply })
 }
 
 /// The `setnx-expire` lock machine. Its driver must give it a connection of
 /// its own: `WATCH` state lives on the connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetnxExpire {
-    key: String,
-    ttl_ms: u64,
-    drift_ms: u64,
-    token: Token,
-    state: State,
-    base: Scaffold,
-}
+pub struct SetnxExpire(Engine<SetnxExpireRecipe>);
 
 impl SetnxExpire {
     /// A lock on `config.name` for the owner `token`. No automatic renewal
@@ -130,357 +190,25 @@ impl SetnxExpire {
         if token.0.is_empty() {
             return Err(ConfigError::EmptyToken);
         }
-        Ok(SetnxExpire {
+        let recipe = SetnxExpireRecipe {
             key: config.key(),
             ttl_ms: config.ttl_ms,
-            drift_ms: config.drift(),
-            token,
-            state: State::Idle,
-            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
-        })
-    }
-
-    fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        self.base.send(now, NodeId(0), Timer::Reply, command)
-    }
-
-    /// `EXPIRE key ceil(ttl / 1000)`: the book's whole seconds.
-    fn expire_command(&self) -> Command {
-        Command::Expire {
-            key: self.key.clone(),
-            seconds: self.ttl_ms.div_ceil(1_000) as i64,
-        }
-    }
-
-    fn send_setnx(&mut self, now: Millis, how: Acquire) {
-        let req = self.send(
-            now,
-            Command::SetNx {
-                key: self.key.clone(),
-                value: self.token.0.clone(),
-            },
-        );
-        self.state = State::Acquiring {
-            req,
-            sent_at: now,
-            how,
+            token: token.clone(),
         };
-    }
-
-    fn lease_from(&self, sent_at: Millis) -> Lease {
-        Lease {
-            token: self.token.clone(),
-            fence: None,
-            valid_until: sent_at + (self.ttl_ms - self.drift_ms),
-        }
-    }
-
-    fn hold(&mut self, lease: Lease) {
-        self.base.timers.set(Timer::Expiry, lease.valid_until);
-        self.state = State::Held { lease };
-    }
-
-    fn go_idle(&mut self) {
-        self.base.timers.clear_all();
-        self.state = State::Idle;
-    }
-
-    fn fail(&mut self, error: ProtocolError) {
-        self.go_idle();
-        self.base.out.emit(Event::Failed(error));
-    }
-
-    fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how) {
-            State::BackingOff { how }
-        } else {
-            State::Idle
-        };
-    }
-
-    fn start_release(&mut self, now: Millis, lease: Lease, then: Then) {
-        self.base.timers.clear_all();
-        let (command, step) = watch_begin(&self.key);
-        let req = self.send(now, command);
-        self.state = State::Releasing {
-            req,
-            step,
-            lease,
-            then,
-        };
-    }
-
-    /// Stay held on the old lease after an extend that did not go through.
-    fn hold_on(&mut self, now: Millis, lease: Lease, event: Event) {
-        if now >= lease.valid_until {
-            self.go_idle();
-            self.base.out.emit(Event::Lost);
-            return;
-        }
-        self.hold(lease);
-        self.base.out.emit(event);
-    }
-
-    fn current_request(&self) -> Option<RequestId> {
-        match &self.state {
-            State::Acquiring { req, .. }
-            | State::Expiring { req, .. }
-            | State::CheckingTtl { req, .. }
-            | State::Repairing { req, .. }
-            | State::Extending { req, .. }
-            | State::Releasing { req, .. } => Some(*req),
-            State::Idle | State::BackingOff { .. } | State::Held { .. } => None,
-        }
+        Ok(SetnxExpire(Engine::new(
+            recipe,
+            EngineConfig::from(config, token),
+        )))
     }
 }
 
-// ---------------------------------------------------------------------------
-// Transitions.
-// ---------------------------------------------------------------------------
-
-impl Protocol for SetnxExpire {
-    fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        match self.state {
-            State::Idle => {}
-            State::Held { .. } => return Err(UsageError::AlreadyHeld),
-            _ => return Err(UsageError::Busy),
-        }
-        self.base.backoff.reset();
-        self.send_setnx(now, how);
-        Ok(())
+impl OnEngine for SetnxExpire {
+    type Recipe = SetnxExpireRecipe;
+    fn engine(&self) -> &Engine<SetnxExpireRecipe> {
+        &self.0
     }
-
-    fn release(&mut self, now: Millis) -> Result<(), UsageError> {
-        let lease = match &self.state {
-            State::Held { lease } => lease.clone(),
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
-        };
-        self.start_release(now, lease, Then::Report);
-        Ok(())
-    }
-
-    fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
-        let lease = match &self.state {
-            State::Held { lease } => lease.clone(),
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
-        };
-        let (command, step) = watch_begin(&self.key);
-        let req = self.send(now, command);
-        self.state = State::Extending {
-            req,
-            step,
-            sent_at: now,
-            lease,
-        };
-        Ok(())
-    }
-
-    fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
-        if self.current_request() != Some(id) {
-            return;
-        }
-        self.base.timers.clear(Timer::Reply);
-        let state = std::mem::replace(&mut self.state, State::Idle);
-        match (state, outcome) {
-            // Step one won: set the expiry as a second request.
-            (State::Acquiring { sent_at, .. }, Outcome::Reply(Reply::Int(1))) => {
-                let req = self.send(now, self.expire_command());
-                self.state = State::Expiring { req, sent_at };
-            }
-            // Taken: does the key have a TTL?
-            (State::Acquiring { how, .. }, Outcome::Reply(Reply::Int(0))) => {
-                let req = self.send(
-                    now,
-                    Command::Ttl {
-                        key: self.key.clone(),
-                    },
-                );
-                self.state = State::CheckingTtl { req, how };
-            }
-            (State::Acquiring { how, .. }, Outcome::Unknown) => self.retry_or_deny(now, how),
-            (State::Acquiring { .. }, Outcome::Reply(Reply::Error(e))) => {
-                self.fail(ProtocolError::Redis(e));
-            }
-            (State::Acquiring { .. }, Outcome::Reply(reply)) => {
-                self.fail(ProtocolError::UnexpectedReply {
-                    request: "SETNX",
-                    reply,
-                });
-            }
-            // The book ignores what `EXPIRE` answers; so does an unknown
-            // outcome: the key is ours, with a TTL or, at worst, until a
-            // waiter repairs it.
-            (State::Expiring { sent_at, .. }, Outcome::Reply(Reply::Int(_)) | Outcome::Unknown) => {
-                let lease = self.lease_from(sent_at);
-                self.hold(lease.clone());
-                self.base.out.emit(Event::Acquired(lease));
-            }
-            (State::Expiring { sent_at, .. }, Outcome::Reply(reply)) => {
-                // The key is ours but may have no TTL: undo the grant.
-                let error = match reply {
-                    Reply::Error(e) => ProtocolError::Redis(e),
-                    reply => ProtocolError::UnexpectedReply {
-                        request: "EXPIRE",
-                        reply,
-                    },
-                };
-                let lease = self.lease_from(sent_at);
-                self.start_release(now, lease, Then::Fail(error));
-            }
-            // The book's repair: a key without expiry gets one.
-            (State::CheckingTtl { how, .. }, Outcome::Reply(Reply::Int(-1))) => {
-                let req = self.send(now, self.expire_command());
-                self.state = State::Repairing { req, how };
-            }
-            (State::CheckingTtl { how, .. }, Outcome::Reply(Reply::Int(_)) | Outcome::Unknown) => {
-                self.retry_or_deny(now, how);
-            }
-            (State::CheckingTtl { .. }, Outcome::Reply(Reply::Error(e))) => {
-                self.fail(ProtocolError::Redis(e));
-            }
-            (State::CheckingTtl { .. }, Outcome::Reply(reply)) => {
-                self.fail(ProtocolError::UnexpectedReply {
-                    request: "TTL",
-                    reply,
-                });
-            }
-            (State::Repairing { how, .. }, Outcome::Reply(Reply::Int(_)) | Outcome::Unknown) => {
-                self.retry_or_deny(now, how);
-            }
-            (State::Repairing { .. }, Outcome::Reply(Reply::Error(e))) => {
-                self.fail(ProtocolError::Redis(e));
-            }
-            (State::Repairing { .. }, Outcome::Reply(reply)) => {
-                self.fail(ProtocolError::UnexpectedReply {
-                    request: "EXPIRE",
-                    reply,
-                });
-            }
-            (
-                State::Extending {
-                    step,
-                    sent_at,
-                    lease,
-                    ..
-                },
-                Outcome::Reply(reply),
-            ) => {
-                let act = Command::PExpire {
-                    key: self.key.clone(),
-                    millis: self.ttl_ms as i64,
-                };
-                match watch_step(&self.key, &self.token.0, &act, step, reply) {
-                    Watched::Send(command, step) => {
-                        let req = self.send(now, command);
-                        self.state = State::Extending {
-                            req,
-                            step,
-                            sent_at,
-                            lease,
-                        };
-                    }
-                    Watched::Done { ours: true } => {
-                        let lease = self.lease_from(sent_at);
-                        self.hold(lease.clone());
-                        self.base.out.emit(Event::Extended(lease));
-                    }
-                    Watched::Done { ours: false } => {
-                        self.go_idle();
-                        self.base.out.emit(Event::Lost);
-                    }
-                    Watched::Failed(e) => self.hold_on(now, lease, Event::Failed(e)),
-                }
-            }
-            (State::Extending { lease, .. }, Outcome::Unknown) => {
-                self.hold_on(now, lease, Event::NotExtended);
-            }
-            (
-                State::Releasing {
-                    step, lease, then, ..
-                },
-                Outcome::Reply(reply),
-            ) => {
-                let act = Command::Del {
-                    keys: vec![self.key.clone()],
-                };
-                match watch_step(&self.key, &self.token.0, &act, step, reply) {
-                    Watched::Send(command, step) => {
-                        let req = self.send(now, command);
-                        self.state = State::Releasing {
-                            req,
-                            step,
-                            lease,
-                            then,
-                        };
-                    }
-                    Watched::Done { ours } => self.finish_release(ours, then),
-                    Watched::Failed(e) => match then {
-                        Then::Fail(cause) => self.fail(cause),
-                        Then::Report => self.fail(e),
-                    },
-                }
-            }
-            // Whether the release ran is unknown; the TTL bounds the hold.
-            (State::Releasing { then, .. }, Outcome::Unknown) => self.finish_release(false, then),
-            (state, _) => self.state = state,
-        }
-    }
-
-    fn handle_timeout(&mut self, now: Millis) {
-        let due = self.base.due(now);
-        for timer in due {
-            match (timer, &self.state) {
-                (Timer::Reply, _) => {
-                    if let Some(req) = self.current_request() {
-                        self.handle_reply(now, req, Outcome::Unknown);
-                    }
-                }
-                (Timer::Retry, State::BackingOff { how }) => {
-                    let how = *how;
-                    self.send_setnx(now, how);
-                }
-                (Timer::Expiry, State::Held { .. } | State::Extending { .. }) => {
-                    self.go_idle();
-                    self.base.out.emit(Event::Lost);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn poll_transmit(&mut self) -> Option<Request> {
-        self.base.poll_transmit()
-    }
-
-    fn poll_event(&mut self) -> Option<Event> {
-        self.base.poll_event()
-    }
-
-    fn poll_timeout(&self) -> Option<Millis> {
-        self.base.poll_timeout()
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        match &self.state {
-            State::Held { lease } | State::Extending { lease, .. } => Some(lease),
-            _ => None,
-        }
-    }
-
-    fn is_busy(&self) -> bool {
-        !matches!(self.state, State::Idle | State::Held { .. })
-    }
-}
-
-impl SetnxExpire {
-    fn finish_release(&mut self, ours: bool, then: Then) {
-        self.go_idle();
-        match then {
-            Then::Report => self.base.out.emit(Event::Released { was_held: ours }),
-            Then::Fail(e) => self.base.out.emit(Event::Failed(e)),
-        }
+    fn engine_mut(&mut self) -> &mut Engine<SetnxExpireRecipe> {
+        &mut self.0
     }
 }
 
@@ -489,6 +217,7 @@ mod tests {
     use super::*;
     use crate::keyspace::{ConnId, Keyspace};
     use crate::protocol::testkit::{answer, drive, drop_requests, lease, run_until};
+    use crate::protocol::{Acquire, Event, Lease, Outcome, Protocol, RequestId, UsageError};
 
     fn config() -> Config {
         Config {
