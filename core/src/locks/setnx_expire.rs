@@ -217,7 +217,7 @@ mod tests {
     use super::*;
     use crate::keyspace::{ConnId, Keyspace};
     use crate::protocol::testkit::{answer, drive, drop_requests, lease, run_until};
-    use crate::protocol::{Acquire, Event, Lease, Outcome, Protocol, RequestId, UsageError};
+    use crate::protocol::{Acquire, Event, Outcome, Protocol, RequestId, UsageError};
 
     fn config() -> Config {
         Config {
