@@ -496,6 +496,24 @@ pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
     /// retried? A recipe that says no holds it, and the expiry timer reports
     /// it lost at once.
     const UNDOES_LATE_GRANTS: bool = true;
+    /// Does the recipe judge, by the client clock alone, that `lease` is no
+    /// longer ours at `now`? Then a release reports
+    /// `Released { was_held: false }` and an extend `Lost`, without a
+    /// request. By default it never does.
+    fn gone(&self, op: Op, lease: &Lease, now: Millis) -> bool {
+        let _ = (op, lease, now);
+        false
+    }
+    /// The first command of an extend of `lease`. By default
+    /// [`Recipe::start`]'s.
+    fn start_extend(&self, lease: &Lease, now: Millis) -> (Command, Self::Step) {
+        let _ = lease;
+        self.start(Op::Extend, now)
+    }
+    /// When an extend did not go through and the lease has run out by
+    /// then, is the extend's failure reported after `Lost`? The SETNX locks
+    /// report `Lost` alone.
+    const REPORTS_EXTEND_AFTER_LOSS: bool = true;
     /// Is there anything to extend? A recipe without TTL says no: an extend
     /// reports [`Event::Extended`] with the same lease at once.
     const EXTENDS: bool = true;
@@ -682,11 +700,15 @@ impl<R: Recipe> Engine<R> {
         self.state = State::Held { lease, since };
     }
 
-    /// Stay held on the old lease after an extend that did not go through.
-    fn hold_on(&mut self, now: Millis, lease: Lease) {
+    /// Stay held on the old lease after an extend that did not go through,
+    /// and report `event`.
+    fn hold_on(&mut self, now: Millis, lease: Lease, event: Event) {
         if now >= lease.valid_until {
             self.go_idle();
             self.base.out.emit(Event::Lost);
+            if R::REPORTS_EXTEND_AFTER_LOSS {
+                self.base.out.emit(event);
+            }
             return;
         }
         self.base.timers.clear(Timer::Reply);
@@ -695,6 +717,7 @@ impl<R: Recipe> Engine<R> {
         }
         let since = R::KEEPS_HOLD_START.then_some(now);
         self.state = State::Held { lease, since };
+        self.base.out.emit(event);
     }
 
     /// One acquire attempt: through the guard when there is one.
@@ -748,7 +771,7 @@ impl<R: Recipe> Engine<R> {
 
     fn start_extend(&mut self, now: Millis, lease: Lease, automatic: bool) {
         self.base.timers.clear(Timer::Renew);
-        let (command, step) = self.recipe.start(Op::Extend, now);
+        let (command, step) = self.recipe.start_extend(&lease, now);
         let req = self.send(now, command);
         self.state = State::Extending {
             req,
@@ -853,6 +876,7 @@ impl<R: Recipe> Engine<R> {
             } => {
                 // What an undo takes out: the lease this attempt would grant.
                 let partial = self.lease_from(sent_at, None);
+                let was_timed = self.recipe.timed(&step);
                 let next = match reply {
                     Ok(reply) => self.recipe.advance(Op::Acquire, step, reply, now),
                     Err(error) => self.recipe.doubt(&step, error),
@@ -860,9 +884,12 @@ impl<R: Recipe> Engine<R> {
                 match next {
                     Next::Send(command, step) => {
                         let req = self.send(now, command);
+                        // A lease counts from the first timed request of a
+                        // run of them.
+                        let from = if was_timed { sent_at } else { now };
                         self.state = State::Acquiring {
                             req,
-                            sent_at: self.stamp(&step, sent_at),
+                            sent_at: self.stamp(&step, from),
                             step,
                             how,
                         };
@@ -925,16 +952,8 @@ impl<R: Recipe> Engine<R> {
             } => {
                 let reply = match reply {
                     Ok(reply) => reply,
-                    Err(None) => {
-                        self.hold_on(now, lease);
-                        self.base.out.emit(Event::NotExtended);
-                        return;
-                    }
-                    Err(Some(e)) => {
-                        self.hold_on(now, lease);
-                        self.base.out.emit(Event::Failed(e));
-                        return;
-                    }
+                    Err(None) => return self.hold_on(now, lease, Event::NotExtended),
+                    Err(Some(e)) => return self.hold_on(now, lease, Event::Failed(e)),
                 };
                 match self.recipe.advance(Op::Extend, step, reply, now) {
                     Next::Send(command, step) => {
@@ -957,16 +976,12 @@ impl<R: Recipe> Engine<R> {
                         self.base.out.emit(Event::Lost);
                     }
                     Next::LostUndo => self.start_release(now, lease, Then::Lost),
-                    Next::Failed(e) => {
-                        self.hold_on(now, lease);
-                        self.base.out.emit(Event::Failed(e));
-                    }
-                    _ => {
-                        self.hold_on(now, lease);
-                        self.base.out.emit(Event::Failed(ProtocolError::Missing(
-                            "a recipe step".into(),
-                        )));
-                    }
+                    Next::Failed(e) => self.hold_on(now, lease, Event::Failed(e)),
+                    _ => self.hold_on(
+                        now,
+                        lease,
+                        Event::Failed(ProtocolError::Missing("a recipe step".into())),
+                    ),
                 }
             }
             other => self.state = other,
@@ -1044,6 +1059,11 @@ impl<R: Recipe> Protocol for Engine<R> {
             _ => return Err(UsageError::Busy),
         }
         let lease = self.lease().cloned().expect("held");
+        if self.recipe.gone(Op::Release, &lease, now) {
+            self.go_idle();
+            self.base.out.emit(Event::Released { was_held: false });
+            return Ok(());
+        }
         self.start_release(now, lease, Then::Report);
         Ok(())
     }
@@ -1056,6 +1076,11 @@ impl<R: Recipe> Protocol for Engine<R> {
         };
         if !R::EXTENDS {
             self.base.out.emit(Event::Extended(lease));
+            return Ok(());
+        }
+        if self.recipe.gone(Op::Extend, &lease, now) {
+            self.go_idle();
+            self.base.out.emit(Event::Lost);
             return Ok(());
         }
         self.start_extend(now, lease, false);

@@ -41,69 +41,37 @@
 //! overwritten the winner's timestamp with its own.
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{Scaffold, Timer};
+use crate::engine::{Engine, EngineConfig, Next, OnEngine, Op, Recipe};
 use crate::keyspace::{Command, Reply};
-use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
-    UsageError,
-};
+use crate::protocol::{Lease, ProtocolError, Token};
 use crate::time::Millis;
 
 // ---------------------------------------------------------------------------
-// States.
+// Steps and recipe.
 // ---------------------------------------------------------------------------
 
+/// Where a request sequence of `setnx-getset` is. The timestamp a request
+/// writes is its send time plus the TTL: the engine keeps the send time.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum State {
-    Idle,
+pub(crate) enum Step {
     /// `SETNX key ts` in flight.
-    Acquiring {
-        req: RequestId,
-        ts: u64,
-        how: Acquire,
-    },
+    Setnx,
     /// `SETNX` lost; `GET key` in flight.
-    Reading {
-        req: RequestId,
-        how: Acquire,
-    },
+    Read,
     /// The stored timestamp had passed; `GETSET key ts` in flight.
-    TakingOver {
-        req: RequestId,
-        ts: u64,
-        how: Acquire,
-    },
-    /// Taken; the retry timer is armed.
-    BackingOff {
-        how: Acquire,
-    },
-    /// Ours until `ts` by our clock.
-    Held {
-        lease: Lease,
-        ts: u64,
-    },
-    /// `GETSET key new_ts` in flight.
-    Extending {
-        req: RequestId,
-        new_ts: u64,
-        lease: Lease,
-        ts: u64,
-    },
+    TakeOver,
+    /// `GETSET key new_ts` (extend) in flight; our timestamp was `ts`.
+    Extend { ts: u64 },
     /// `DEL key` in flight.
-    Releasing {
-        req: RequestId,
-    },
+    Delete,
 }
 
-/// The `setnx-getset` lock machine.
+/// The commands of `setnx-getset` and what their replies mean.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetnxGetset {
+pub(crate) struct SetnxGetsetRecipe {
     key: String,
     ttl_ms: u64,
     drift_ms: u64,
-    token: Token,
-    state: State,
-    base: Scaffold,
 }
 
 /// A stored timestamp, or the reply that is not one.
@@ -118,6 +86,132 @@ fn timestamp(request: &'static str, reply: Reply) -> Result<u64, ProtocolError> 
     }
 }
 
+impl SetnxGetsetRecipe {
+    /// The timestamp a hold taken at `now` runs out at, by our clock.
+    fn expiry_at(&self, now: Millis) -> String {
+        now.get().saturating_add(self.ttl_ms).to_string()
+    }
+
+    /// The timestamp stored for `lease`.
+    fn stored(&self, lease: &Lease) -> u64 {
+        lease.valid_until.get().saturating_add(self.drift_ms)
+    }
+
+    fn setnx(&self, now: Millis) -> Command {
+        Command::SetNx {
+            key: self.key.clone(),
+            value: self.expiry_at(now),
+        }
+    }
+
+    fn getset(&self, now: Millis) -> Command {
+        Command::GetSet {
+            key: self.key.clone(),
+            value: self.expiry_at(now),
+        }
+    }
+}
+
+impl Recipe for SetnxGetsetRecipe {
+    type Step = Step;
+    // The recipe holds whatever it won; a late grant expires at once.
+    const UNDOES_LATE_GRANTS: bool = false;
+    const REPORTS_EXTEND_AFTER_LOSS: bool = false;
+
+    fn start(&self, op: Op, now: Millis) -> (Command, Step) {
+        match op {
+            Op::Acquire => (self.setnx(now), Step::Setnx),
+            // Extends start from the lease: see `start_extend`.
+            Op::Extend => (self.getset(now), Step::Extend { ts: 0 }),
+            Op::Release => (
+                Command::Del {
+                    keys: vec![self.key.clone()],
+                },
+                Step::Delete,
+            ),
+        }
+    }
+
+    fn advance(&self, _op: Op, step: Step, reply: Reply, now: Millis) -> Next<Step> {
+        match (step, reply) {
+            (Step::Setnx, Reply::Int(1)) => Next::Granted(None),
+            (Step::Setnx, Reply::Int(0)) => Next::Send(
+                Command::Get {
+                    key: self.key.clone(),
+                },
+                Step::Read,
+            ),
+            (Step::Setnx, reply) => Next::Abort(ProtocolError::UnexpectedReply {
+                request: "SETNX",
+                reply,
+            }),
+            // Deleted meanwhile: the recipe tries SETNX again at once.
+            (Step::Read, Reply::Nil) => Next::Send(self.setnx(now), Step::Setnx),
+            (Step::Read, reply) => match timestamp("GET", reply) {
+                Err(e) => Next::Abort(e),
+                // Not expired by our clock: taken.
+                Ok(stored) if stored >= now.get() => Next::NotGranted,
+                Ok(_) => Next::Send(self.getset(now), Step::TakeOver),
+            },
+            // The key vanished before our GETSET: our GETSET created it.
+            (Step::TakeOver, Reply::Nil) => Next::Granted(None),
+            (Step::TakeOver, reply) => match timestamp("GETSET", reply) {
+                Err(e) => Next::Abort(e),
+                // Still expired: nobody beat us to it.
+                Ok(old) if old < now.get() => Next::Granted(None),
+                // Another client took it over first (and we have pushed its
+                // timestamp to ours, as the recipe accepts).
+                Ok(_) => Next::NotGranted,
+            },
+            // The key was gone; our GETSET has created it anyway.
+            (Step::Extend { .. }, Reply::Nil) => Next::Done { ours: false },
+            // The old value must be our own timestamp; otherwise someone
+            // took it over and our GETSET overwrote theirs.
+            (Step::Extend { ts }, reply) => match timestamp("GETSET", reply) {
+                Ok(old) => Next::Done { ours: old == ts },
+                Err(e) => Next::Failed(e),
+            },
+            (Step::Delete, Reply::Int(n)) => Next::Done { ours: n == 1 },
+            (Step::Delete, reply) => Next::Failed(ProtocolError::UnexpectedReply {
+                request: "DEL",
+                reply,
+            }),
+        }
+    }
+
+    /// A lost reply is a lost attempt; an error is reported at once.
+    fn doubt(&self, _step: &Step, error: Option<ProtocolError>) -> Next<Step> {
+        match error {
+            None => Next::NotGranted,
+            Some(e) => Next::Abort(e),
+        }
+    }
+
+    fn start_extend(&self, lease: &Lease, now: Millis) -> (Command, Step) {
+        let ts = self.stored(lease);
+        (self.getset(now), Step::Extend { ts })
+    }
+
+    /// Only the requests that write our timestamp can grant.
+    fn timed(&self, step: &Step) -> bool {
+        *step != Step::Read
+    }
+
+    /// The recipe's owner check is by time: past our own timestamp the key
+    /// is no longer ours to delete, and past our validity not ours to
+    /// extend.
+    fn gone(&self, op: Op, lease: &Lease, now: Millis) -> bool {
+        match op {
+            Op::Release => now.get() >= self.stored(lease),
+            _ => now >= lease.valid_until,
+        }
+    }
+}
+
+/// The `setnx-getset` lock machine.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SetnxGetset(Engine<SetnxGetsetRecipe>);
+
 impl SetnxGetset {
     /// A lock on `config.name` for the owner `token` (which only names the
     /// lease: Redis stores the expiry timestamp). No automatic renewal.
@@ -126,333 +220,25 @@ impl SetnxGetset {
         if token.0.is_empty() {
             return Err(ConfigError::EmptyToken);
         }
-        Ok(SetnxGetset {
+        let recipe = SetnxGetsetRecipe {
             key: config.key(),
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
-            token,
-            state: State::Idle,
-            base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
-        })
-    }
-
-    fn send(&mut self, now: Millis, command: Command) -> RequestId {
-        self.base.send(now, NodeId(0), Timer::Reply, command)
-    }
-
-    /// The timestamp a hold taken at `now` runs out at, by our clock.
-    fn expiry_at(&self, now: Millis) -> u64 {
-        now.get().saturating_add(self.ttl_ms)
-    }
-
-    fn send_setnx(&mut self, now: Millis, how: Acquire) {
-        let ts = self.expiry_at(now);
-        let req = self.send(
-            now,
-            Command::SetNx {
-                key: self.key.clone(),
-                value: ts.to_string(),
-            },
-        );
-        self.state = State::Acquiring { req, ts, how };
-    }
-
-    fn lease_for(&self, ts: u64) -> Lease {
-        Lease {
-            token: self.token.clone(),
-            fence: None,
-            valid_until: Millis(ts.saturating_sub(self.drift_ms)),
-        }
-    }
-
-    fn hold(&mut self, ts: u64) -> Lease {
-        let lease = self.lease_for(ts);
-        self.base.timers.clear_all();
-        self.base.timers.set(Timer::Expiry, lease.valid_until);
-        self.state = State::Held {
-            lease: lease.clone(),
-            ts,
         };
-        lease
-    }
-
-    fn go_idle(&mut self) {
-        self.base.timers.clear_all();
-        self.state = State::Idle;
-    }
-
-    fn fail(&mut self, error: ProtocolError) {
-        self.go_idle();
-        self.base.out.emit(Event::Failed(error));
-    }
-
-    fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
-        self.state = if self.base.retry_or_deny(now, how) {
-            State::BackingOff { how }
-        } else {
-            State::Idle
-        };
-    }
-
-    fn current_request(&self) -> Option<RequestId> {
-        match &self.state {
-            State::Acquiring { req, .. }
-            | State::Reading { req, .. }
-            | State::TakingOver { req, .. }
-            | State::Extending { req, .. }
-            | State::Releasing { req } => Some(*req),
-            State::Idle | State::BackingOff { .. } | State::Held { .. } => None,
-        }
+        Ok(SetnxGetset(Engine::new(
+            recipe,
+            EngineConfig::from(config, token),
+        )))
     }
 }
 
-// ---------------------------------------------------------------------------
-// Transitions.
-// ---------------------------------------------------------------------------
-
-impl Protocol for SetnxGetset {
-    fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        match self.state {
-            State::Idle => {}
-            State::Held { .. } => return Err(UsageError::AlreadyHeld),
-            _ => return Err(UsageError::Busy),
-        }
-        self.base.backoff.reset();
-        self.send_setnx(now, how);
-        Ok(())
+impl OnEngine for SetnxGetset {
+    type Recipe = SetnxGetsetRecipe;
+    fn engine(&self) -> &Engine<SetnxGetsetRecipe> {
+        &self.0
     }
-
-    /// `DEL` only while our own timestamp has not passed (the recipe's owner
-    /// check, by time); past it, reports `Released { was_held: false }`
-    /// without a request.
-    fn release(&mut self, now: Millis) -> Result<(), UsageError> {
-        let ts = match &self.state {
-            State::Held { ts, .. } => *ts,
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
-        };
-        self.base.timers.clear_all();
-        if now.get() < ts {
-            let req = self.send(
-                now,
-                Command::Del {
-                    keys: vec![self.key.clone()],
-                },
-            );
-            self.state = State::Releasing { req };
-        } else {
-            self.state = State::Idle;
-            self.base.out.emit(Event::Released { was_held: false });
-        }
-        Ok(())
-    }
-
-    /// `GETSET key now+ttl` while the lease is still valid by our clock; the
-    /// old value must be our own timestamp, or the hold is reported lost
-    /// (the blind `GETSET` has written ours anyway, as in the recipe).
-    fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
-        let (lease, ts) = match &self.state {
-            State::Held { lease, ts } => (lease.clone(), *ts),
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
-        };
-        if now >= lease.valid_until {
-            self.go_idle();
-            self.base.out.emit(Event::Lost);
-            return Ok(());
-        }
-        let new_ts = self.expiry_at(now);
-        let req = self.send(
-            now,
-            Command::GetSet {
-                key: self.key.clone(),
-                value: new_ts.to_string(),
-            },
-        );
-        self.state = State::Extending {
-            req,
-            new_ts,
-            lease,
-            ts,
-        };
-        Ok(())
-    }
-
-    fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
-        if self.current_request() != Some(id) {
-            return;
-        }
-        self.base.timers.clear(Timer::Reply);
-        let state = std::mem::replace(&mut self.state, State::Idle);
-        match (state, outcome) {
-            (State::Acquiring { ts, .. }, Outcome::Reply(Reply::Int(1))) => {
-                let lease = self.hold(ts);
-                self.base.out.emit(Event::Acquired(lease));
-            }
-            (State::Acquiring { how, .. }, Outcome::Reply(Reply::Int(0))) => {
-                let req = self.send(
-                    now,
-                    Command::Get {
-                        key: self.key.clone(),
-                    },
-                );
-                self.state = State::Reading { req, how };
-            }
-            (State::Acquiring { how, .. }, Outcome::Unknown)
-            | (State::Reading { how, .. }, Outcome::Unknown)
-            | (State::TakingOver { how, .. }, Outcome::Unknown) => self.retry_or_deny(now, how),
-            (State::Acquiring { .. }, Outcome::Reply(Reply::Error(e))) => {
-                self.fail(ProtocolError::Redis(e));
-            }
-            (State::Acquiring { .. }, Outcome::Reply(reply)) => {
-                self.fail(ProtocolError::UnexpectedReply {
-                    request: "SETNX",
-                    reply,
-                });
-            }
-            // Deleted meanwhile: the recipe tries SETNX again at once.
-            (State::Reading { how, .. }, Outcome::Reply(Reply::Nil)) => self.send_setnx(now, how),
-            (State::Reading { how, .. }, Outcome::Reply(reply)) => {
-                match timestamp("GET", reply) {
-                    Err(e) => self.fail(e),
-                    // Not expired by our clock: taken.
-                    Ok(stored) if stored >= now.get() => self.retry_or_deny(now, how),
-                    Ok(_) => {
-                        let ts = self.expiry_at(now);
-                        let req = self.send(
-                            now,
-                            Command::GetSet {
-                                key: self.key.clone(),
-                                value: ts.to_string(),
-                            },
-                        );
-                        self.state = State::TakingOver { req, ts, how };
-                    }
-                }
-            }
-            // The key vanished before our GETSET: our GETSET created it.
-            (State::TakingOver { ts, .. }, Outcome::Reply(Reply::Nil)) => {
-                let lease = self.hold(ts);
-                self.base.out.emit(Event::Acquired(lease));
-            }
-            (State::TakingOver { ts, how, .. }, Outcome::Reply(reply)) => {
-                match timestamp("GETSET", reply) {
-                    Err(e) => self.fail(e),
-                    // Still expired: nobody beat us to it.
-                    Ok(old) if old < now.get() => {
-                        let lease = self.hold(ts);
-                        self.base.out.emit(Event::Acquired(lease));
-                    }
-                    // Another client took it over first (and we have pushed
-                    // its timestamp to ours, as the recipe accepts).
-                    Ok(_) => self.retry_or_deny(now, how),
-                }
-            }
-            (
-                State::Extending {
-                    new_ts, lease, ts, ..
-                },
-                Outcome::Reply(reply),
-            ) => match reply {
-                // The key was gone; our GETSET has created it anyway.
-                Reply::Nil => {
-                    self.go_idle();
-                    self.base.out.emit(Event::Lost);
-                }
-                reply => match timestamp("GETSET", reply) {
-                    Ok(old) if old == ts => {
-                        let lease = self.hold(new_ts);
-                        self.base.out.emit(Event::Extended(lease));
-                    }
-                    // Someone took it over; our GETSET overwrote theirs.
-                    Ok(_) => {
-                        self.go_idle();
-                        self.base.out.emit(Event::Lost);
-                    }
-                    Err(e) => self.keep(now, lease, ts, Event::Failed(e)),
-                },
-            },
-            (State::Extending { lease, ts, .. }, Outcome::Unknown) => {
-                self.keep(now, lease, ts, Event::NotExtended);
-            }
-            (State::Releasing { .. }, Outcome::Reply(Reply::Int(n))) => {
-                self.go_idle();
-                self.base.out.emit(Event::Released { was_held: n == 1 });
-            }
-            (State::Releasing { .. }, Outcome::Unknown) => {
-                self.go_idle();
-                self.base.out.emit(Event::Released { was_held: false });
-            }
-            (State::Releasing { .. }, Outcome::Reply(Reply::Error(e))) => {
-                self.fail(ProtocolError::Redis(e));
-            }
-            (State::Releasing { .. }, Outcome::Reply(reply)) => {
-                self.fail(ProtocolError::UnexpectedReply {
-                    request: "DEL",
-                    reply,
-                });
-            }
-            (state, _) => self.state = state,
-        }
-    }
-
-    fn handle_timeout(&mut self, now: Millis) {
-        let due = self.base.due(now);
-        for timer in due {
-            match (timer, &self.state) {
-                (Timer::Reply, _) => {
-                    if let Some(req) = self.current_request() {
-                        self.handle_reply(now, req, Outcome::Unknown);
-                    }
-                }
-                (Timer::Retry, State::BackingOff { how }) => {
-                    let how = *how;
-                    self.send_setnx(now, how);
-                }
-                (Timer::Expiry, State::Held { .. } | State::Extending { .. }) => {
-                    self.go_idle();
-                    self.base.out.emit(Event::Lost);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn poll_transmit(&mut self) -> Option<Request> {
-        self.base.poll_transmit()
-    }
-
-    fn poll_event(&mut self) -> Option<Event> {
-        self.base.poll_event()
-    }
-
-    fn poll_timeout(&self) -> Option<Millis> {
-        self.base.poll_timeout()
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        match &self.state {
-            State::Held { lease, .. } | State::Extending { lease, .. } => Some(lease),
-            _ => None,
-        }
-    }
-
-    fn is_busy(&self) -> bool {
-        !matches!(self.state, State::Idle | State::Held { .. })
-    }
-}
-
-impl SetnxGetset {
-    /// Stay held on the old lease after an extend that did not go through.
-    fn keep(&mut self, now: Millis, lease: Lease, ts: u64, event: Event) {
-        if now >= lease.valid_until {
-            self.go_idle();
-            self.base.out.emit(Event::Lost);
-            return;
-        }
-        self.base.timers.set(Timer::Expiry, lease.valid_until);
-        self.state = State::Held { lease, ts };
-        self.base.out.emit(event);
+    fn engine_mut(&mut self) -> &mut Engine<SetnxGetsetRecipe> {
+        &mut self.0
     }
 }
 
@@ -461,6 +247,7 @@ mod tests {
     use super::*;
     use crate::keyspace::{ConnId, Keyspace, SetCondition, SetExpiry};
     use crate::protocol::testkit::{answer, drive, lease, run_until};
+    use crate::protocol::{Acquire, Event, Outcome, Protocol, RequestId};
 
     fn config() -> Config {
         Config {
