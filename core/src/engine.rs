@@ -19,6 +19,7 @@
 //! the acquire [`Backoff`]) is shared by the bespoke machines too.
 
 use crate::catalogue::Machine;
+use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
     Acquire, Event, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
@@ -348,73 +349,55 @@ impl WatchStep {
     }
 }
 
-/// What follows a reply in a watched sequence.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Watched {
-    /// Send this command next and wait at this step.
-    Send(Command, WatchStep),
-    /// The sequence is over; `ours` says whether the act ran on our value.
-    Done {
-        /// Did the act run on our own value?
-        ours: bool,
-    },
-    /// An error reply or a reply of the wrong shape.
-    Failed(ProtocolError),
-}
-
-/// The first request of a watched sequence on `key`.
-pub(crate) fn watch_begin(key: &str) -> (Command, WatchStep) {
+/// The first request of a watched sequence on `key`, at the recipe step
+/// `wrap` makes of it.
+pub(crate) fn watch_begin<S>(key: &str, wrap: fn(WatchStep) -> S) -> (Command, S) {
     (
         Command::Watch {
             keys: vec![key.to_owned()],
         },
-        WatchStep::Watch,
+        wrap(WatchStep::Watch),
     )
 }
 
 /// Advance a watched sequence on `key` that runs `act` when the key holds
-/// `ours`. An aborted `EXEC` starts the sequence again, as the book's
-/// `while True` loop does on `WatchError`. Every reply is checked: an
-/// `UNWATCH` that does not answer OK and an error inside the `EXEC` reply
-/// fail the sequence.
-pub(crate) fn watch_step(
+/// `ours`; `wrap` makes recipe steps of its steps. An aborted `EXEC` starts
+/// the sequence again, as the book's `while True` loop does on
+/// `WatchError`. Every reply is checked: an `UNWATCH` that does not answer
+/// OK and an error inside the `EXEC` reply fail the sequence.
+pub(crate) fn watch_step<S>(
     key: &str,
     ours: &str,
-    act: &Command,
+    act: Command,
     step: WatchStep,
     reply: Reply,
-) -> Watched {
+    wrap: fn(WatchStep) -> S,
+) -> Next<S> {
     match (step, reply) {
-        (_, Reply::Error(e)) => Watched::Failed(ProtocolError::Redis(e)),
-        (WatchStep::Watch, r) if r.is_ok() => Watched::Send(
+        (_, Reply::Error(e)) => Next::Failed(ProtocolError::Redis(e)),
+        (WatchStep::Watch, r) if r.is_ok() => Next::Send(
             Command::Get {
                 key: key.to_owned(),
             },
-            WatchStep::Get,
+            wrap(WatchStep::Get),
         ),
         (WatchStep::Get, Reply::Bulk(v)) if v == ours => {
-            Watched::Send(Command::Transaction(vec![act.clone()]), WatchStep::Exec)
+            Next::Send(Command::Transaction(vec![act]), wrap(WatchStep::Exec))
         }
         (WatchStep::Get, Reply::Bulk(_) | Reply::Nil) => {
-            Watched::Send(Command::Unwatch, WatchStep::Unwatch)
+            Next::Send(Command::Unwatch, wrap(WatchStep::Unwatch))
         }
-        (WatchStep::Unwatch, r) if r.is_ok() => Watched::Done { ours: false },
+        (WatchStep::Unwatch, r) if r.is_ok() => Next::Done { ours: false },
         (WatchStep::Exec, Reply::Nil) => {
-            let (command, step) = watch_begin(key);
-            Watched::Send(command, step)
+            let (command, step) = watch_begin(key, wrap);
+            Next::Send(command, step)
         }
         (WatchStep::Exec, Reply::Array(items)) => match items.as_slice() {
-            [Reply::Int(n)] => Watched::Done { ours: *n == 1 },
-            [Reply::Error(e)] => Watched::Failed(ProtocolError::Redis(e.clone())),
-            _ => Watched::Failed(ProtocolError::UnexpectedReply {
-                request: "EXEC",
-                reply: Reply::Array(items),
-            }),
+            [Reply::Int(n)] => Next::Done { ours: *n == 1 },
+            [Reply::Error(e)] => Next::Failed(ProtocolError::Redis(e.clone())),
+            _ => unexpected("EXEC", Reply::Array(items)),
         },
-        (step, reply) => Watched::Failed(ProtocolError::UnexpectedReply {
-            request: step.name(),
-            reply,
-        }),
+        (step, reply) => unexpected(step.name(), reply),
     }
 }
 
@@ -620,9 +603,23 @@ pub(crate) struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// [`EngineConfig::from`] once `valid` (the config's check for the
+    /// protocol) passed and `token` is not empty.
+    pub(crate) fn checked(
+        valid: Result<(), ConfigError>,
+        config: &Config,
+        token: Token,
+    ) -> Result<EngineConfig, ConfigError> {
+        valid?;
+        if token.0.is_empty() {
+            return Err(ConfigError::EmptyToken);
+        }
+        Ok(EngineConfig::from(config, token))
+    }
+
     /// The usual parameters from a validated config: TTL, drift, reply
     /// timeout and backoff; no renewal, no guard.
-    pub(crate) fn from(config: &crate::config::Config, token: Token) -> EngineConfig {
+    pub(crate) fn from(config: &Config, token: Token) -> EngineConfig {
         EngineConfig {
             token,
             ttl_ms: Some(config.ttl_ms),
@@ -1208,6 +1205,27 @@ impl<M: OnEngine> Protocol for M {
         self.engine().is_busy()
     }
 }
+
+/// Declares a catalogue machine that is an [`Engine`] around a recipe: the
+/// public newtype and the [`OnEngine`] impl through which it is driven.
+macro_rules! engine_machine {
+    ($(#[$attr:meta])* $name:ident($recipe:ty)) => {
+        $(#[$attr])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub struct $name($crate::engine::Engine<$recipe>);
+
+        impl $crate::engine::OnEngine for $name {
+            type Recipe = $recipe;
+            fn engine(&self) -> &$crate::engine::Engine<$recipe> {
+                &self.0
+            }
+            fn engine_mut(&mut self) -> &mut $crate::engine::Engine<$recipe> {
+                &mut self.0
+            }
+        }
+    };
+}
+pub(crate) use engine_machine;
 
 /// The "unexpected reply" failure of a recipe step.
 pub(crate) fn unexpected<S>(request: &'static str, reply: Reply) -> Next<S> {

@@ -10,12 +10,13 @@
 
 use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
-use crate::engine::{Engine, OnEngine};
+use crate::engine::engine_machine;
 use crate::protocol::{Fence, Token};
 
-/// The `fenced` lock machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FencedLock(Engine<LeaseRecipe>);
+engine_machine! {
+    /// The `fenced` lock machine.
+    FencedLock(LeaseRecipe)
+}
 
 impl FencedLock {
     /// A lock on `config.name` for the owner `token`; renews at TTL/3 when
@@ -30,16 +31,6 @@ impl FencedLock {
             config.auto_renew,
         )
         .map(FencedLock)
-    }
-}
-
-impl OnEngine for FencedLock {
-    type Recipe = LeaseRecipe;
-    fn engine(&self) -> &Engine<LeaseRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
-        &mut self.0
     }
 }
 

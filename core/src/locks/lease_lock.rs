@@ -22,7 +22,7 @@
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{
-    unexpected, watch_begin, watch_step, Engine, EngineConfig, Next, Op, Recipe, WatchStep, Watched,
+    unexpected, watch_begin, watch_step, Engine, EngineConfig, Next, Op, Recipe, WatchStep,
 };
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
@@ -91,10 +91,8 @@ pub(crate) fn lease_lock(
     grant: Grant,
     auto_renew: bool,
 ) -> Result<Engine<LeaseRecipe>, ConfigError> {
-    config.validate_single(protocol)?;
-    if token.0.is_empty() {
-        return Err(ConfigError::EmptyToken);
-    }
+    let mut engine =
+        EngineConfig::checked(config.validate_single(protocol), config, token.clone())?;
     let recipe = LeaseRecipe {
         key: config.key(),
         fence_key: config.key_with("fence"),
@@ -105,7 +103,6 @@ pub(crate) fn lease_lock(
         guard,
         grant,
     };
-    let mut engine = EngineConfig::from(config, token);
     engine.auto_renew = auto_renew;
     Ok(Engine::new(recipe, engine))
 }
@@ -178,10 +175,7 @@ impl Recipe for LeaseRecipe {
                 },
                 Step::Get,
             ),
-            (_, Guard::Watch) => {
-                let (command, step) = watch_begin(&self.key);
-                (command, Step::Watched(step))
-            }
+            (_, Guard::Watch) => watch_begin(&self.key, Step::Watched),
         }
     }
 
@@ -216,11 +210,8 @@ impl Recipe for LeaseRecipe {
             (Step::Get, reply) => unexpected("GET", reply),
             (Step::Act, reply) => unexpected("release/extend", reply),
             (Step::Watched(step), reply) => {
-                match watch_step(&self.key, &self.token.0, &self.act_command(op), step, reply) {
-                    Watched::Send(command, step) => Next::Send(command, Step::Watched(step)),
-                    Watched::Done { ours } => Next::Done { ours },
-                    Watched::Failed(e) => Next::Failed(e),
-                }
+                let act = self.act_command(op);
+                watch_step(&self.key, &self.token.0, act, step, reply, Step::Watched)
             }
         }
     }

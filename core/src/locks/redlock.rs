@@ -57,6 +57,11 @@
 //! forget a key: a master whose clock jumps forward, or that restarts empty
 //! without a delayed restart, lets a second client reach a quorum (the
 //! `clock-jump` and `restart` faults).
+//!
+//! Redlock does not run on the engine of the single-node locks: each of its
+//! steps is a round fanned out to every master and judged by quorum, with
+//! one reply timer per round, where the engine sends one request to one
+//! node at a time.
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{Scaffold, Timer};

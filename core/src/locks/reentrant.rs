@@ -57,6 +57,13 @@
 //! the lock while the holder is alive but stalled, and a holder that resumes
 //! after its TTL ran out (the `pause` fault) still believes it holds, as
 //! with every lease. Without fencing the resource cannot tell.
+//!
+//! ## Why it does not run on the engine
+//!
+//! The single-node locks are recipes on one engine with one operation in
+//! flight; this lock counts nested holds and keeps a background renewal in
+//! flight beside the application's own acquire or release (with a reply
+//! timer of its own), which that one-operation state machine cannot express.
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{retry_at, Scaffold, Timer};

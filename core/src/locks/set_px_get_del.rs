@@ -8,12 +8,13 @@
 
 use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
-use crate::engine::{Engine, OnEngine};
+use crate::engine::engine_machine;
 use crate::protocol::Token;
 
-/// The `set-px-get-del` lock machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetPxGetDel(Engine<LeaseRecipe>);
+engine_machine! {
+    /// The `set-px-get-del` lock machine.
+    SetPxGetDel(LeaseRecipe)
+}
 
 impl SetPxGetDel {
     /// A lock on `config.name` for the owner `token`. No automatic renewal.
@@ -27,15 +28,5 @@ impl SetPxGetDel {
             false,
         )
         .map(SetPxGetDel)
-    }
-}
-
-impl OnEngine for SetPxGetDel {
-    type Recipe = LeaseRecipe;
-    fn engine(&self) -> &Engine<LeaseRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
-        &mut self.0
     }
 }

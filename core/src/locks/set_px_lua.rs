@@ -10,12 +10,13 @@
 
 use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
-use crate::engine::{Engine, OnEngine};
+use crate::engine::engine_machine;
 use crate::protocol::Token;
 
-/// The `set-px-lua` lock machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetPxLua(Engine<LeaseRecipe>);
+engine_machine! {
+    /// The `set-px-lua` lock machine.
+    SetPxLua(LeaseRecipe)
+}
 
 impl SetPxLua {
     /// A lock on `config.name` for the owner `token`. No automatic renewal.
@@ -29,15 +30,5 @@ impl SetPxLua {
             false,
         )
         .map(SetPxLua)
-    }
-}
-
-impl OnEngine for SetPxLua {
-    type Recipe = LeaseRecipe;
-    fn engine(&self) -> &Engine<LeaseRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
-        &mut self.0
     }
 }

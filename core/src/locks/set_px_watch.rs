@@ -8,13 +8,14 @@
 
 use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
 use crate::config::{Config, ConfigError};
-use crate::engine::{Engine, OnEngine};
+use crate::engine::engine_machine;
 use crate::protocol::Token;
 
-/// The `set-px-watch` lock machine. Its driver must give it a connection of
-/// its own: `WATCH` state lives on the connection.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetPxWatch(Engine<LeaseRecipe>);
+engine_machine! {
+    /// The `set-px-watch` lock machine. Its driver must give it a connection of
+    /// its own: `WATCH` state lives on the connection.
+    SetPxWatch(LeaseRecipe)
+}
 
 impl SetPxWatch {
     /// A lock on `config.name` for the owner `token`. No automatic renewal.
@@ -28,15 +29,5 @@ impl SetPxWatch {
             false,
         )
         .map(SetPxWatch)
-    }
-}
-
-impl OnEngine for SetPxWatch {
-    type Recipe = LeaseRecipe;
-    fn engine(&self) -> &Engine<LeaseRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
-        &mut self.0
     }
 }

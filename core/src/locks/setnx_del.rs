@@ -35,7 +35,7 @@
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{
-    watch_begin, watch_step, Engine, EngineConfig, Next, OnEngine, Op, Recipe, WatchStep, Watched,
+    engine_machine, watch_begin, watch_step, Engine, EngineConfig, Next, Op, Recipe, WatchStep,
 };
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{ProtocolError, Token};
@@ -51,7 +51,7 @@ pub(crate) enum Step {
     /// `SETNX` in flight.
     Setnx,
     /// The watched release is at this step.
-    Release(WatchStep),
+    Watched(WatchStep),
 }
 
 /// The commands of `setnx-del` and what their replies mean.
@@ -78,10 +78,7 @@ impl Recipe for SetnxDelRecipe {
                 },
                 Step::Setnx,
             ),
-            Op::Release | Op::Extend => {
-                let (command, step) = watch_begin(&self.key);
-                (command, Step::Release(step))
-            }
+            Op::Release | Op::Extend => watch_begin(&self.key, Step::Watched),
         }
     }
 
@@ -93,15 +90,11 @@ impl Recipe for SetnxDelRecipe {
                 request: "SETNX",
                 reply,
             }),
-            (Step::Release(step), reply) => {
+            (Step::Watched(step), reply) => {
                 let act = Command::Del {
                     keys: vec![self.key.clone()],
                 };
-                match watch_step(&self.key, &self.token.0, &act, step, reply) {
-                    Watched::Send(command, step) => Next::Send(command, Step::Release(step)),
-                    Watched::Done { ours } => Next::Done { ours },
-                    Watched::Failed(e) => Next::Failed(e),
-                }
+                watch_step(&self.key, &self.token.0, act, step, reply, Step::Watched)
             }
         }
     }
@@ -116,38 +109,26 @@ impl Recipe for SetnxDelRecipe {
     }
 }
 
-/// The `setnx-del` lock machine. Its driver must give it a connection of its
-/// own: the release's `WATCH` state lives on the connection.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetnxDel(Engine<SetnxDelRecipe>);
+engine_machine! {
+    /// The `setnx-del` lock machine. Its driver must give it a connection of its
+    /// own: the release's `WATCH` state lives on the connection.
+    SetnxDel(SetnxDelRecipe)
+}
 
 impl SetnxDel {
     /// A lock on `config.name` for the owner `token`. `config.ttl_ms` is
     /// validated but not used: this lock has no TTL.
     pub fn new(config: &Config, token: Token) -> Result<SetnxDel, ConfigError> {
-        config.validate_single("setnx-del")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let mut engine =
+            EngineConfig::checked(config.validate_single("setnx-del"), config, token.clone())?;
         let recipe = SetnxDelRecipe {
             key: config.key(),
             token: token.clone(),
         };
-        let mut engine = EngineConfig::from(config, token);
         // Whether the DEL of a release ran may be unknown: with no TTL a key
         // left behind stays for ever, the specimen's weakness.
         engine.ttl_ms = None;
         Ok(SetnxDel(Engine::new(recipe, engine)))
-    }
-}
-
-impl OnEngine for SetnxDel {
-    type Recipe = SetnxDelRecipe;
-    fn engine(&self) -> &Engine<SetnxDelRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<SetnxDelRecipe> {
-        &mut self.0
     }
 }
 

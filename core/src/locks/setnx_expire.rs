@@ -43,7 +43,7 @@
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{
-    watch_begin, watch_step, Engine, EngineConfig, Next, OnEngine, Op, Recipe, WatchStep, Watched,
+    engine_machine, watch_begin, watch_step, Engine, EngineConfig, Next, Op, Recipe, WatchStep,
 };
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{ProtocolError, Token};
@@ -102,10 +102,7 @@ impl Recipe for SetnxExpireRecipe {
                 },
                 Step::Setnx,
             ),
-            Op::Release | Op::Extend => {
-                let (command, step) = watch_begin(&self.key);
-                (command, Step::Watched(step))
-            }
+            Op::Release | Op::Extend => watch_begin(&self.key, Step::Watched),
         }
     }
 
@@ -145,11 +142,7 @@ impl Recipe for SetnxExpireRecipe {
                         keys: vec![self.key.clone()],
                     },
                 };
-                match watch_step(&self.key, &self.token.0, &act, step, reply) {
-                    Watched::Send(command, step) => Next::Send(command, Step::Watched(step)),
-                    Watched::Done { ours } => Next::Done { ours },
-                    Watched::Failed(e) => Next::Failed(e),
-                }
+                watch_step(&self.key, &self.token.0, act, step, reply, Step::Watched)
             }
         }
     }
@@ -178,38 +171,27 @@ fn abort(request: &'static str, reply: Reply) -> Next<Step> {
     Next::Abort(ProtocolError::UnexpectedReply { request, reply })
 }
 
-/// The `setnx-expire` lock machine. Its driver must give it a connection of
-/// its own: `WATCH` state lives on the connection.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetnxExpire(Engine<SetnxExpireRecipe>);
+engine_machine! {
+    /// The `setnx-expire` lock machine. Its driver must give it a connection of
+    /// its own: `WATCH` state lives on the connection.
+    SetnxExpire(SetnxExpireRecipe)
+}
 
 impl SetnxExpire {
     /// A lock on `config.name` for the owner `token`. No automatic renewal
     /// (the book has none).
     pub fn new(config: &Config, token: Token) -> Result<SetnxExpire, ConfigError> {
-        config.validate_single("setnx-expire")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let engine = EngineConfig::checked(
+            config.validate_single("setnx-expire"),
+            config,
+            token.clone(),
+        )?;
         let recipe = SetnxExpireRecipe {
             key: config.key(),
             ttl_ms: config.ttl_ms,
             token: token.clone(),
         };
-        Ok(SetnxExpire(Engine::new(
-            recipe,
-            EngineConfig::from(config, token),
-        )))
-    }
-}
-
-impl OnEngine for SetnxExpire {
-    type Recipe = SetnxExpireRecipe;
-    fn engine(&self) -> &Engine<SetnxExpireRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<SetnxExpireRecipe> {
-        &mut self.0
+        Ok(SetnxExpire(Engine::new(recipe, engine)))
     }
 }
 

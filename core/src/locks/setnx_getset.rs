@@ -41,7 +41,7 @@
 //! overwritten the winner's timestamp with its own.
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{Engine, EngineConfig, Next, OnEngine, Op, Recipe};
+use crate::engine::{engine_machine, Engine, EngineConfig, Next, Op, Recipe};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{Lease, ProtocolError, Token};
 use crate::time::Millis;
@@ -208,37 +208,26 @@ impl Recipe for SetnxGetsetRecipe {
     }
 }
 
-/// The `setnx-getset` lock machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SetnxGetset(Engine<SetnxGetsetRecipe>);
+engine_machine! {
+    /// The `setnx-getset` lock machine.
+    SetnxGetset(SetnxGetsetRecipe)
+}
 
 impl SetnxGetset {
     /// A lock on `config.name` for the owner `token` (which only names the
     /// lease: Redis stores the expiry timestamp). No automatic renewal.
     pub fn new(config: &Config, token: Token) -> Result<SetnxGetset, ConfigError> {
-        config.validate_single("setnx-getset")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let engine = EngineConfig::checked(
+            config.validate_single("setnx-getset"),
+            config,
+            token.clone(),
+        )?;
         let recipe = SetnxGetsetRecipe {
             key: config.key(),
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
         };
-        Ok(SetnxGetset(Engine::new(
-            recipe,
-            EngineConfig::from(config, token),
-        )))
-    }
-}
-
-impl OnEngine for SetnxGetset {
-    type Recipe = SetnxGetsetRecipe;
-    fn engine(&self) -> &Engine<SetnxGetsetRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<SetnxGetsetRecipe> {
-        &mut self.0
+        Ok(SetnxGetset(Engine::new(recipe, engine)))
     }
 }
 

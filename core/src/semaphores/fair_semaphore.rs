@@ -34,7 +34,7 @@
 
 use super::{item, score};
 use crate::config::{Config, ConfigError};
-use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
+use crate::engine::{engine_machine, unexpected, Engine, EngineConfig, Next, Op, Recipe};
 use crate::keyspace::{Command, Reply, ScoreBound};
 use crate::protocol::Token;
 use crate::time::Millis;
@@ -156,9 +156,10 @@ impl Recipe for FairRecipe {
     }
 }
 
-/// The `fair-semaphore` machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FairSemaphore(Engine<FairRecipe>);
+engine_machine! {
+    /// The `fair-semaphore` machine.
+    FairSemaphore(FairRecipe)
+}
 
 impl FairSemaphore {
     /// A fair semaphore of `config.limit` permits on `{name}`,
@@ -166,24 +167,12 @@ impl FairSemaphore {
     /// time out `config.ttl_ms` after the acquiring client's clock reading;
     /// no automatic renewal.
     pub fn new(config: &Config, token: Token) -> Result<FairSemaphore, ConfigError> {
-        config.validate_semaphore("fair-semaphore")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let engine = EngineConfig::checked(
+            config.validate_semaphore("fair-semaphore"),
+            config,
+            token.clone(),
+        )?;
         let recipe = FairRecipe::new(config, &token);
-        Ok(FairSemaphore(Engine::new(
-            recipe,
-            EngineConfig::from(config, token),
-        )))
-    }
-}
-
-impl OnEngine for FairSemaphore {
-    type Recipe = FairRecipe;
-    fn engine(&self) -> &Engine<FairRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<FairRecipe> {
-        &mut self.0
+        Ok(FairSemaphore(Engine::new(recipe, engine)))
     }
 }

@@ -26,22 +26,24 @@
 use super::fair_semaphore::FairRecipe;
 use crate::catalogue::{Kind, Machine, ProtocolId};
 use crate::config::{Config, ConfigError};
-use crate::engine::{Engine, EngineConfig, OnEngine};
+use crate::engine::{engine_machine, Engine, EngineConfig};
 use crate::protocol::Token;
 
-/// The `fair-semaphore-locked` machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FairSemaphoreLocked(Engine<FairRecipe>);
+engine_machine! {
+    /// The `fair-semaphore-locked` machine.
+    FairSemaphoreLocked(FairRecipe)
+}
 
 impl FairSemaphoreLocked {
     /// A fair semaphore of `config.limit` permits on `{name}`, whose
     /// acquires are guarded by a `config.guard_lock` lock on `{name}:guard`
     /// (same TTL, no automatic renewal), for the owner `token`.
     pub fn new(config: &Config, token: Token) -> Result<FairSemaphoreLocked, ConfigError> {
-        config.validate_semaphore("fair-semaphore-locked")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let mut engine = EngineConfig::checked(
+            config.validate_semaphore("fair-semaphore-locked"),
+            config,
+            token.clone(),
+        )?;
         let guard_id = config.guard_lock;
         if guard_id.kind() != Kind::Lock || guard_id == ProtocolId::Redlock {
             return Err(ConfigError::BadGuardLock(guard_id.as_str()));
@@ -54,7 +56,6 @@ impl FairSemaphoreLocked {
         };
         let guard = Machine::new(guard_id, &guard_config, token.clone())?;
         let recipe = FairRecipe::new(config, &token);
-        let mut engine = EngineConfig::from(config, token);
         engine.guard = Some(Box::new(guard));
         Ok(FairSemaphoreLocked(Engine::new(recipe, engine)))
     }
@@ -62,15 +63,5 @@ impl FairSemaphoreLocked {
     /// Which lock guards the acquires.
     pub fn guard_lock(&self) -> Option<ProtocolId> {
         self.0.guard_id()
-    }
-}
-
-impl OnEngine for FairSemaphoreLocked {
-    type Recipe = FairRecipe;
-    fn engine(&self) -> &Engine<FairRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<FairRecipe> {
-        &mut self.0
     }
 }

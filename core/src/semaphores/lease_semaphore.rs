@@ -22,7 +22,7 @@
 //! (holders above it keep their permits until they leave).
 
 use crate::config::{Config, ConfigError, MAX_LIMIT};
-use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
+use crate::engine::{engine_machine, unexpected, Engine, EngineConfig, Next, Op, Recipe};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{Fence, Token};
@@ -130,19 +130,21 @@ impl Recipe for LeaseRecipe {
     }
 }
 
-/// The `lease-semaphore` machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LeaseSemaphore(Engine<LeaseRecipe>);
+engine_machine! {
+    /// The `lease-semaphore` machine.
+    LeaseSemaphore(LeaseRecipe)
+}
 
 impl LeaseSemaphore {
     /// A semaphore of `config.limit` permits (unless the server already has
     /// a limit) on `{name}:permits`, for the owner `token`, renewed
     /// automatically at a third of the TTL when `config.auto_renew`.
     pub fn new(config: &Config, token: Token) -> Result<LeaseSemaphore, ConfigError> {
-        config.validate_semaphore("lease-semaphore")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let mut engine = EngineConfig::checked(
+            config.validate_semaphore("lease-semaphore"),
+            config,
+            token.clone(),
+        )?;
         let recipe = LeaseRecipe {
             permits: permits_key(config),
             fence: config.key_with("fence"),
@@ -152,18 +154,7 @@ impl LeaseSemaphore {
             limit: config.limit.to_string(),
             notify_releases: config.notify_releases,
         };
-        let mut engine = EngineConfig::from(config, token);
         engine.auto_renew = config.auto_renew;
         Ok(LeaseSemaphore(Engine::new(recipe, engine)))
-    }
-}
-
-impl OnEngine for LeaseSemaphore {
-    type Recipe = LeaseRecipe;
-    fn engine(&self) -> &Engine<LeaseRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<LeaseRecipe> {
-        &mut self.0
     }
 }

@@ -9,8 +9,8 @@
 //! | `lease-semaphore` | [`lease_semaphore`] | beyond the sources |
 //!
 //! Every semaphore is a *recipe* (which commands an acquire, a release and
-//! an extend send, and what each reply means) run by the one
-//! [engine](crate::engine) that the single-node locks run on too.
+//! an extend send, and what each reply means) run by the one engine
+//! (`engine.rs`) that the single-node locks run on too.
 //!
 //! A permit is a [`Lease`]. An acquire that fails after writing something
 //! (a rank above the limit, an error, an unknown outcome) first runs the

@@ -20,7 +20,7 @@
 
 use super::item;
 use crate::config::{Config, ConfigError, MAX_LIMIT};
-use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
+use crate::engine::{engine_machine, unexpected, Engine, EngineConfig, Next, Op, Recipe};
 use crate::keyspace::{Command, Reply, SetCondition, SetExpiry};
 use crate::protocol::{ProtocolError, Token};
 use crate::time::Millis;
@@ -232,36 +232,27 @@ impl Recipe for WatchRecipe {
     }
 }
 
-/// The `watch-semaphore` machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct WatchSemaphore(Engine<WatchRecipe>);
+engine_machine! {
+    /// The `watch-semaphore` machine.
+    WatchSemaphore(WatchRecipe)
+}
 
 impl WatchSemaphore {
     /// A semaphore on `{name}:holders` whose size lives in `{name}:max`
     /// (set it with [`set_max_size_command`]; `config.limit` is only
     /// validated), for the owner `token`. Permits never expire.
     pub fn new(config: &Config, token: Token) -> Result<WatchSemaphore, ConfigError> {
-        config.validate_semaphore("watch-semaphore")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let mut engine = EngineConfig::checked(
+            config.validate_semaphore("watch-semaphore"),
+            config,
+            token.clone(),
+        )?;
         let recipe = WatchRecipe {
             holders: holders_key(config),
             max: max_size_key(config),
             token: token.0.clone(),
         };
-        let mut engine = EngineConfig::from(config, token);
         engine.ttl_ms = None;
         Ok(WatchSemaphore(Engine::new(recipe, engine)))
-    }
-}
-
-impl OnEngine for WatchSemaphore {
-    type Recipe = WatchRecipe;
-    fn engine(&self) -> &Engine<WatchRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<WatchRecipe> {
-        &mut self.0
     }
 }

@@ -32,7 +32,7 @@
 
 use super::{item, score};
 use crate::config::{Config, ConfigError};
-use crate::engine::{unexpected, Engine, EngineConfig, Next, OnEngine, Op, Recipe};
+use crate::engine::{engine_machine, unexpected, Engine, EngineConfig, Next, Op, Recipe};
 use crate::keyspace::{Command, Reply, ScoreBound};
 use crate::protocol::Token;
 use crate::time::Millis;
@@ -130,38 +130,27 @@ impl Recipe for ZsetRecipe {
     }
 }
 
-/// The `zset-semaphore` machine.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ZsetSemaphore(Engine<ZsetRecipe>);
+engine_machine! {
+    /// The `zset-semaphore` machine.
+    ZsetSemaphore(ZsetRecipe)
+}
 
 impl ZsetSemaphore {
     /// A semaphore of `config.limit` permits on the sorted set `{name}`, for
     /// the owner `token`. Permits time out `config.ttl_ms` after the
     /// acquiring client's clock reading; no automatic renewal.
     pub fn new(config: &Config, token: Token) -> Result<ZsetSemaphore, ConfigError> {
-        config.validate_semaphore("zset-semaphore")?;
-        if token.0.is_empty() {
-            return Err(ConfigError::EmptyToken);
-        }
+        let engine = EngineConfig::checked(
+            config.validate_semaphore("zset-semaphore"),
+            config,
+            token.clone(),
+        )?;
         let recipe = ZsetRecipe {
             sem: config.key(),
             token: token.0.clone(),
             ttl_ms: i64::try_from(config.ttl_ms).unwrap_or(i64::MAX),
             limit: i64::from(config.limit),
         };
-        Ok(ZsetSemaphore(Engine::new(
-            recipe,
-            EngineConfig::from(config, token),
-        )))
-    }
-}
-
-impl OnEngine for ZsetSemaphore {
-    type Recipe = ZsetRecipe;
-    fn engine(&self) -> &Engine<ZsetRecipe> {
-        &self.0
-    }
-    fn engine_mut(&mut self) -> &mut Engine<ZsetRecipe> {
-        &mut self.0
+        Ok(ZsetSemaphore(Engine::new(recipe, engine)))
     }
 }
