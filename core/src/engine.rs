@@ -308,15 +308,24 @@ pub(crate) fn split_id(id: RequestId) -> (bool, RequestId) {
     (id.0 % 2 == 1, RequestId(id.0 / 2))
 }
 
-/// The first error reply in `reply` or, for a transaction, in its items.
-pub(crate) fn error_in(reply: &Reply) -> Option<String> {
-    match reply {
+/// The reply of `outcome`, or why there is none: an error reply (also one
+/// inside a transaction's reply) or no reply at all (`None`).
+pub(crate) fn reply_of(outcome: Outcome) -> Result<Reply, Option<ProtocolError>> {
+    let reply = match outcome {
+        Outcome::Reply(reply) => reply,
+        Outcome::Unknown => return Err(None),
+    };
+    let error = match &reply {
         Reply::Error(e) => Some(e.clone()),
         Reply::Array(items) => items.iter().find_map(|r| match r {
             Reply::Error(e) => Some(e.clone()),
             _ => None,
         }),
         _ => None,
+    };
+    match error {
+        Some(e) => Err(Some(ProtocolError::Redis(e))),
+        None => Ok(reply),
     }
 }
 
@@ -860,13 +869,7 @@ impl<R: Recipe> Engine<R> {
         }
         self.base.timers.clear(Timer::Reply);
         let state = std::mem::replace(&mut self.state, State::Idle);
-        let reply = match outcome {
-            Outcome::Reply(reply) => match error_in(&reply) {
-                Some(e) => Err(Some(ProtocolError::Redis(e))),
-                None => Ok(reply),
-            },
-            Outcome::Unknown => Err(None),
-        };
+        let reply = reply_of(outcome);
         match state {
             State::Acquiring {
                 step, sent_at, how, ..

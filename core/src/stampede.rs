@@ -29,7 +29,7 @@
 
 use crate::catalogue::{Kind, Machine, ProtocolId};
 use crate::config::{Config, ConfigError, MAX_TTL_MS};
-use crate::engine::{error_in, inner_id, own_id, split_id, Backoff, Outbox, Timer, TimerTable};
+use crate::engine::{inner_id, own_id, reply_of, split_id, Backoff, Outbox, Timer, TimerTable};
 use crate::keyspace::{Command, Reply, SetCondition, SetExpiry};
 use crate::protocol::{
     Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
@@ -257,13 +257,7 @@ impl StampedeGuard {
         }
         self.timers.clear(Timer::Reply);
         let state = std::mem::replace(&mut self.state, State::Idle);
-        let reply = match outcome {
-            Outcome::Reply(reply) => match error_in(&reply) {
-                Some(e) => Err(Some(ProtocolError::Redis(e))),
-                None => Ok(reply),
-            },
-            Outcome::Unknown => Err(None),
-        };
+        let reply = reply_of(outcome);
         match state {
             State::Reading { key, .. } => match reply {
                 Ok(Reply::Bulk(value)) => self.finish(StampedeEvent::Hit(value)),

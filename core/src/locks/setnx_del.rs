@@ -54,6 +54,27 @@ pub(crate) enum Step {
     Watched(WatchStep),
 }
 
+/// The first command of `op` of a SETNX lock (`setnx-del`, `setnx-expire`):
+/// `SETNX key token` at step `setnx`, or the watched release or extend.
+pub(crate) fn setnx_start<S>(
+    key: &str,
+    token: &Token,
+    op: Op,
+    setnx: S,
+    watched: fn(WatchStep) -> S,
+) -> (Command, S) {
+    match op {
+        Op::Acquire => (
+            Command::SetNx {
+                key: key.to_owned(),
+                value: token.0.clone(),
+            },
+            setnx,
+        ),
+        Op::Release | Op::Extend => watch_begin(key, watched),
+    }
+}
+
 /// The commands of `setnx-del` and what their replies mean.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SetnxDelRecipe {
@@ -70,16 +91,7 @@ impl Recipe for SetnxDelRecipe {
     const EXTENDS: bool = false;
 
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
-        match op {
-            Op::Acquire => (
-                Command::SetNx {
-                    key: self.key.clone(),
-                    value: self.token.0.clone(),
-                },
-                Step::Setnx,
-            ),
-            Op::Release | Op::Extend => watch_begin(&self.key, Step::Watched),
-        }
+        setnx_start(&self.key, &self.token, op, Step::Setnx, Step::Watched)
     }
 
     fn advance(&self, _op: Op, step: Step, reply: Reply, _now: Millis) -> Next<Step> {

@@ -41,9 +41,10 @@
 //! until a waiter repairs it. Like every lease it fails mutual exclusion
 //! when the holder pauses past its TTL.
 
+use super::setnx_del::setnx_start;
 use crate::config::{Config, ConfigError};
 use crate::engine::{
-    engine_machine, watch_begin, watch_step, Engine, EngineConfig, Next, Op, Recipe, WatchStep,
+    engine_machine, watch_step, Engine, EngineConfig, Next, Op, Recipe, WatchStep,
 };
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{ProtocolError, Token};
@@ -94,16 +95,7 @@ impl Recipe for SetnxExpireRecipe {
     const REPORTS_EXTEND_AFTER_LOSS: bool = false;
 
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
-        match op {
-            Op::Acquire => (
-                Command::SetNx {
-                    key: self.key.clone(),
-                    value: self.token.0.clone(),
-                },
-                Step::Setnx,
-            ),
-            Op::Release | Op::Extend => watch_begin(&self.key, Step::Watched),
-        }
+        setnx_start(&self.key, &self.token, op, Step::Setnx, Step::Watched)
     }
 
     fn advance(&self, op: Op, step: Step, reply: Reply, _now: Millis) -> Next<Step> {
