@@ -8,14 +8,14 @@
 //! fence is older than one it has accepted. [`FencedResource`] is that
 //! resource.
 
-use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
+use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::{Fence, Token};
 
 engine_machine! {
     /// The `fenced` lock machine.
-    FencedLock(LeaseRecipe)
+    FencedLock(SetPxRecipe)
 }
 
 impl FencedLock {

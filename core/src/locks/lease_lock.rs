@@ -15,7 +15,7 @@
 //! and in how they acquire ([`Grant::SetNxPx`] or the fence-issuing
 //! [`Grant::FencedScript`]).
 //!
-//! All four are one recipe, [`LeaseRecipe`], run by the
+//! All four are one recipe, [`SetPxRecipe`], run by the
 //! [engine](crate::engine); [`Guard::Watch`] uses the engine's one watched
 //! release step, so an `UNWATCH` or `EXEC` reply is checked the same way as
 //! in `setnx-del`.
@@ -70,7 +70,7 @@ pub(crate) enum Step {
 
 /// The recipe of the `SET NX PX` family, parameterised by guard and grant.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct LeaseRecipe {
+pub(crate) struct SetPxRecipe {
     key: String,
     fence_key: String,
     ttl_ms: u64,
@@ -90,10 +90,10 @@ pub(crate) fn lease_lock(
     guard: Guard,
     grant: Grant,
     auto_renew: bool,
-) -> Result<Engine<LeaseRecipe>, ConfigError> {
+) -> Result<Engine<SetPxRecipe>, ConfigError> {
     let mut engine =
         EngineConfig::checked(config.validate_single(protocol), config, token.clone())?;
-    let recipe = LeaseRecipe {
+    let recipe = SetPxRecipe {
         key: config.key(),
         fence_key: config.key_with("fence"),
         ttl_ms: config.ttl_ms,
@@ -107,7 +107,7 @@ pub(crate) fn lease_lock(
     Ok(Engine::new(recipe, engine))
 }
 
-impl LeaseRecipe {
+impl SetPxRecipe {
     /// The command that acts once the key is known to be ours (or, for
     /// `Script`, that checks and acts in one step): delete it on release,
     /// expire it anew on extend.
@@ -160,7 +160,7 @@ impl LeaseRecipe {
     }
 }
 
-impl Recipe for LeaseRecipe {
+impl Recipe for SetPxRecipe {
     type Step = Step;
     const KEEPS_RELEASED_LEASE: bool = true;
     const KEEPS_HOLD_START: bool = true;

@@ -6,14 +6,14 @@
 //! then deletes the successor's lock. Extend has the same gap (`GET`, then
 //! `PEXPIRE`), so it can extend someone else's lock.
 
-use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
+use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::Token;
 
 engine_machine! {
     /// The `set-px-get-del` lock machine.
-    SetPxGetDel(LeaseRecipe)
+    SetPxGetDel(SetPxRecipe)
 }
 
 impl SetPxGetDel {

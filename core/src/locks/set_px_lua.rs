@@ -8,14 +8,14 @@
 //! promise to stop when its validity runs out: a paused holder that resumes
 //! after its TTL still believes it holds (the `pause` fault).
 
-use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
+use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::Token;
 
 engine_machine! {
     /// The `set-px-lua` lock machine.
-    SetPxLua(LeaseRecipe)
+    SetPxLua(SetPxRecipe)
 }
 
 impl SetPxLua {

@@ -6,7 +6,7 @@
 //! the key changed (or expired) after the `GET`, so the release retries
 //! instead of deleting a successor's lock. Extend works the same way.
 
-use super::lease_lock::{lease_lock, Grant, Guard, LeaseRecipe};
+use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::Token;
@@ -14,7 +14,7 @@ use crate::protocol::Token;
 engine_machine! {
     /// The `set-px-watch` lock machine. Its driver must give it a connection of
     /// its own: `WATCH` state lives on the connection.
-    SetPxWatch(LeaseRecipe)
+    SetPxWatch(SetPxRecipe)
 }
 
 impl SetPxWatch {
