@@ -427,11 +427,11 @@ pub(crate) enum Op {
 pub(crate) enum Next<S> {
     /// Send this command next; its reply goes to this step.
     Send(Command, S),
-    /// Acquire: the permit is ours.
+    /// Acquire: the lock or permit is ours.
     Granted(Option<Fence>),
-    /// Acquire: no permit and nothing of ours was written.
+    /// Acquire: not granted and nothing of ours was written: retry.
     NotGranted,
-    /// Acquire: no permit, and our entry must be taken out again.
+    /// Acquire: not granted, and our entry must be taken out again: retry.
     Undo,
     /// Acquire: the grant is confirmed (after [`Recipe::confirm`]'s step).
     Confirmed(Option<Fence>),
@@ -445,12 +445,17 @@ pub(crate) enum Next<S> {
     /// Extend: the refresh found us timed out and wrote us back; take the
     /// entry out again and report the permit lost.
     LostUndo,
-    /// The reply makes no sense for this step.
+    /// The sequence failed with this error (an acquire first takes out
+    /// what it may have written).
     Failed(ProtocolError),
 }
 
-/// The protocol-specific part of a semaphore: commands and reply meanings.
-/// Error replies (also inside a transaction's reply) never reach a recipe.
+/// The protocol-specific part of a single-node lock or semaphore: its
+/// commands and what their replies mean. Error replies (also inside a
+/// transaction's reply) and lost replies never reach [`Recipe::advance`]:
+/// the engine decides what they mean, asking [`Recipe::doubt`] on an
+/// acquire. The provided items say where a recipe departs from the usual
+/// course; each lock that needs one says why.
 pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
     /// Where a request sequence is.
     type Step: Clone + Debug + PartialEq + Eq + Hash;
