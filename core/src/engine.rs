@@ -1055,15 +1055,18 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn release(&mut self, now: Millis) -> Result<(), UsageError> {
-        match &self.state {
-            State::Held { .. }
+        // An automatic renewal in flight does not block a release; its reply
+        // is ignored from now on.
+        let lease = match &self.state {
+            State::Held { lease, .. }
             | State::Extending {
-                automatic: true, ..
-            } => {}
+                lease,
+                automatic: true,
+                ..
+            } => lease.clone(),
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
-        }
-        let lease = self.lease().cloned().expect("held");
+        };
         if self.recipe.gone(Op::Release, &lease, now) {
             self.go_idle();
             self.base.out.emit(Event::Released { was_held: false });
