@@ -31,7 +31,11 @@
 //!   old master is killed.
 //! - **The network is the harness:** a partitioned node's requests, and a
 //!   lost request, are not sent; a lost reply is read and thrown away; a
-//!   held-up message is sent when the model delivers it. Client faults
+//!   request in flight (up to the latency bound, or held up by `delay`) is
+//!   sent when the model delivers it. A reply timeout retires the pair's
+//!   connection as the adapter does: a request not yet run then runs later
+//!   on that retired connection, and the next request opens a new one.
+//!   Client faults
 //!   (pause, crash, skew) are the model's client machines taking no step or
 //!   reading the model's clocks; nothing real is needed for them.
 //!
@@ -61,6 +65,10 @@ use crate::{ChaosError, Cluster, NodeOptions, Persistence, RedisNode};
 
 /// How long a replayed request may take before its outcome is unknown.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Marks the connection key of a client's retired connection, on which its
+/// orphaned requests still run.
+const ORPHAN: u8 = 0x80;
 
 /// Deliberate faults in the harness, to show that a replay can fail (each
 /// is kept as a test). The default replays faithfully.
@@ -826,14 +834,50 @@ impl Run<'_> {
                 if let Err(what) = answer {
                     return Ok(Some(what));
                 }
-                if matches!(action, Action::RoundTrip { .. }) && answer == Ok(Outcome::Unknown) {
+                let lost = state.nodes[usize::from(node)].cut;
+                if matches!(action, Action::RoundTrip { .. })
+                    && answer == Ok(Outcome::Unknown)
+                    && !lost
+                {
+                    // Received at once: the adapter retires the connection.
                     self.conns.remove(&(client, node));
                 }
                 vec![node]
             }
+            Action::DeliverOrphan { client, node } => {
+                // The request the client gave up on runs on its retired
+                // connection; nobody reads the reply, the keys are compared.
+                let sent = self.model.link_of(state, client, node).orphans.front();
+                let command = sent.map(|s| s.request.command.clone()).ok_or_else(|| {
+                    ChaosError::UnexpectedReply(format!(
+                        "no late request from c{client} to n{node}"
+                    ))
+                })?;
+                if !state.nodes[usize::from(node)].cut {
+                    // On the retired connection when there was one; a pair
+                    // that had none has no session state to keep.
+                    self.report.requests += 1;
+                    let _ = self.send(client | ORPHAN, node, &command).await;
+                }
+                self.conns.remove(&(client | ORPHAN, node));
+                vec![node]
+            }
+            Action::Timeout { client, node } => {
+                // The adapter retires the connection: a request still on it
+                // may run later (on that connection), the next one opens a
+                // new one.
+                let link = self.model.link_of(state, client, node);
+                match self.conns.remove(&(client, node)) {
+                    Some(conn) if link.replies.is_empty() && !link.requests.is_empty() => {
+                        self.conns.insert((client | ORPHAN, node), conn);
+                    }
+                    _ => {}
+                }
+                Vec::new()
+            }
             Action::Receive { client, node } => {
                 let front = self.model.link_of(state, client, node).replies.front();
-                if front.is_some_and(|(_, outcome)| *outcome == Outcome::Unknown) {
+                if front.is_some_and(|back| back.outcome == Outcome::Unknown) {
                     // The adapter retires a connection whose request got no
                     // reply; the next request opens a new one.
                     self.conns.remove(&(client, node));
@@ -975,7 +1019,12 @@ impl Run<'_> {
         node: u8,
     ) -> Result<Result<Outcome, String>, ChaosError> {
         let model = self.model;
-        let Some(request) = model.link_of(state, client, node).requests.front() else {
+        let Some(request) = model
+            .link_of(state, client, node)
+            .requests
+            .front()
+            .map(|sent| &sent.request)
+        else {
             return Err(ChaosError::UnexpectedReply(format!(
                 "no request from c{client} to n{node} to deliver"
             )));

@@ -385,8 +385,8 @@ fn fault_summary(f: Fault) -> &'static str {
         Fault::RestartDelayed => "a node restarts empty but stays down for longer than the TTL first",
         Fault::RestartPersisted => "a node restarts with its data (AOF with `fsync always`)",
         Fault::Failover => "node 0 has an asynchronous replica that is promoted, dropping what it had not received",
-        Fault::Delay => "one link's messages are held up (they may arrive after time passed) and one request or reply may be lost",
-        Fault::Partition => "a node is cut off from every client for a while; messages across the cut are lost",
+        Fault::Delay => "one request is held up past the TTL (the client times out; the request still runs later, after requests on the new connection may have overtaken it), and one request or reply may be lost",
+        Fault::Partition => "a node is cut off from every client for a while; messages into the cut are lost and their senders time out",
     }
 }
 
@@ -401,13 +401,15 @@ fn svg_name(id: ProtocolId, f: Fault, p: PropertyId) -> String {
 fn bounds(protocol: ProtocolId) -> String {
     let cfg = ModelConfig::new(protocol, Fault::None);
     format!(
-        "{} clients, {} node{}, TTL {} ms, retries every {}–{} ms, horizon {} ms, one fault action per run",
+        "{} clients, {} node{}, TTL {} ms, retries every {}–{} ms, request latency up to {} ms, reply timeout {} ms, horizon {} ms, one fault action per run",
         cfg.clients,
         cfg.nodes,
         if cfg.nodes == 1 { "" } else { "s" },
         cfg.ttl,
         cfg.retry_base,
         cfg.retry_max,
+        cfg.latency,
+        cfg.reply_timeout,
         cfg.horizon
     )
 }

@@ -27,12 +27,13 @@ pub enum Fault {
     /// Node 0 has an asynchronous replica; replication is its own step; the
     /// replica is promoted, dropping what it had not received.
     Failover,
-    /// The messages of one link are held up (request and reply may each
-    /// arrive after time has passed, twice at most), and one request or reply
-    /// may be lost.
+    /// One request is held up beyond the latency bound, past the TTL: its
+    /// client times out, retires the connection, and the request still runs
+    /// later, possibly after requests sent on the new connection. One
+    /// request or reply may also be lost.
     Delay,
-    /// A node is cut off from every client for a while; messages across the
-    /// cut are lost.
+    /// A node is cut off from every client for a while; requests into the
+    /// cut are lost (black-holed) and their senders time out.
     Partition,
 }
 

@@ -100,7 +100,15 @@ pub fn check(
     threads: usize,
     shortest: bool,
 ) -> Result<Run, CheckError> {
-    let model = model_for(protocol, fault, PropertyId::ALL.to_vec())?;
+    check_config(ModelConfig::new(protocol, fault), threads, shortest)
+}
+
+/// [`check`] with bounds of the caller's own (another latency, horizon or
+/// set of reductions).
+pub fn check_config(cfg: ModelConfig, threads: usize, shortest: bool) -> Result<Run, CheckError> {
+    let (protocol, fault) = (cfg.protocol, cfg.fault);
+    let model = LockModel::new(cfg, PropertyId::ALL.to_vec())
+        .map_err(|source| CheckError::Config { protocol, source })?;
     let started = Instant::now();
     let checker = model.clone().checker().threads(threads).spawn_bfs().join();
     let seconds = started.elapsed().as_secs_f64();

@@ -6,13 +6,13 @@
 //! # How time works
 //!
 //! A ghost *true time* advances only by [`Action::Tick`], and only to the
-//! next instant at which something can change: a client timer, a key's expiry
-//! on some node, a node coming back up, a lease's end. Each client reads its
-//! own clock `offset + true·num/den`; each node reads `true + offset` (a clock
-//! jump raises the offset), starting at [`NODE_CLOCK_START`]. Without the `delay` fault time cannot pass while
-//! a message to or from a running client is in flight, and without the
-//! `pause` fault time cannot pass a running client's obligation (a due timer,
-//! the end of its validity, the write it has checked it may do).
+//! next instant at which something can change: a client timer or reply
+//! timeout, a key's expiry on some node, a node coming back up, a lease's
+//! end. Each client reads its own clock `offset + true·num/den`; each node
+//! reads `true + offset` (a clock jump raises the offset), starting at
+//! [`NODE_CLOCK_START`]. Without the `pause` fault time cannot pass a
+//! running client's obligation (a due timer or reply timeout, the end of its
+//! validity, the write it has checked it may do).
 //!
 //! # The workload
 //!
@@ -24,9 +24,25 @@
 //! # The network
 //!
 //! One link per (client, node) pair, FIFO in each direction as TCP is;
-//! links interleave freely. A message is never duplicated. A request that
-//! reaches a node that is down or cut off, and a lost message, come back to
-//! the client as [`Outcome::Unknown`].
+//! links interleave freely. A message is never duplicated. Every request
+//! may be in flight while time passes, for up to
+//! [`ModelConfig::latency`]; a running client receives the reply when the
+//! request runs ([`Reductions::prompt_replies`]), a paused one when it
+//! resumes. The driver gives up on a reply after
+//! [`ModelConfig::reply_timeout`] by the client's clock, as the adapter
+//! does: the machine gets [`Outcome::Unknown`], the connection is retired,
+//! and a request not yet run stays on it and may run later, after requests
+//! on the new connection (`delay` holds one request that long). A request
+//! to a node that is down, or on a connection that died with a restart,
+//! fails at once; a request into a partition is lost, and its client times
+//! out.
+//!
+//! # Ghosts
+//!
+//! The grant order that `fenced-resource` compares is taken where the
+//! servers grant: when a client's token comes to hold on a quorum of nodes
+//! (one node but for RedLock). Owner-only compares the holds on a node
+//! before and after each command of a client that is past its acquire.
 
 use crate::fault::{Fault, PropertyId};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
@@ -63,6 +79,53 @@ pub struct ModelConfig {
     pub retry_max: u64,
     /// True time at which exploration stops.
     pub horizon: u64,
+    /// Latency bound of one message, ms of true time: every request and
+    /// every reply may be in flight for up to this long while time passes.
+    pub latency: u64,
+    /// The driver's reply timeout, ms of the client's clock (the adapter's
+    /// `request_timeout`): a request still unanswered this long after it was
+    /// sent is an unknown outcome, its connection is retired, and the
+    /// request may still run later.
+    pub reply_timeout: u64,
+    /// Which reductions the checker may use (all on by default; a test turns
+    /// each off at small bounds and requires the same verdicts).
+    pub reductions: Reductions,
+}
+
+/// The reductions of the state space, each a switch so that a test can
+/// rerun small bounds without it and compare the verdicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Reductions {
+    /// Client-level faults strike client 0 only (see
+    /// [`LockModel::may_strike`]).
+    pub client_symmetry: bool,
+    /// Node faults strike node 0 only: nodes are interchangeable.
+    pub node_symmetry: bool,
+    /// A message is delivered no later than the next instant at which
+    /// something else can change, instead of at any instant up to its own
+    /// deadline (see [`LockModel::next_instant`]).
+    pub prompt_delivery: bool,
+    /// A running client receives its reply in the same step as the node
+    /// runs the request: the whole round trip's latency is the request's.
+    /// See [`Action::RoundTrip`] for why that keeps the verdicts.
+    pub prompt_replies: bool,
+}
+
+impl Reductions {
+    /// Every reduction on.
+    pub const ALL: Reductions = Reductions {
+        client_symmetry: true,
+        node_symmetry: true,
+        prompt_delivery: true,
+        prompt_replies: true,
+    };
+    /// Every reduction off.
+    pub const NONE: Reductions = Reductions {
+        client_symmetry: false,
+        node_symmetry: false,
+        prompt_delivery: false,
+        prompt_replies: false,
+    };
 }
 
 impl ModelConfig {
@@ -88,6 +151,9 @@ impl ModelConfig {
             retry_base: 2_000,
             retry_max: 4_000,
             horizon: 32_000,
+            latency: 400,
+            reply_timeout: 1_000,
+            reductions: Reductions::ALL,
         }
     }
 
@@ -181,8 +247,12 @@ pub struct ClientState {
     pub crashed: bool,
     /// True time since which it waits to acquire.
     pub waiting_since: Option<u64>,
-    /// Grant sequence number of its current hold (ghost).
+    /// Grant sequence number of its latest hold, taken when the servers
+    /// granted it (ghost).
     pub grant: u32,
+    /// Ghost: the servers hold the lock (a quorum of them for RedLock) or a
+    /// permit for this client right now.
+    pub at_server: bool,
 }
 
 impl ClientState {
@@ -246,13 +316,67 @@ impl NodeState {
     }
 }
 
+/// A request on its way to a node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Sent {
+    /// The request.
+    pub request: Request,
+    /// True time by which it reaches the node (it may arrive any time
+    /// before).
+    pub due: u64,
+    /// The client-clock reading at which the driver stops waiting for its
+    /// reply.
+    pub timeout: Millis,
+    /// Held up by the `delay` fault beyond the latency bound.
+    pub late: bool,
+}
+
+/// A reply on its way back to the client.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Returning {
+    /// The request it answers.
+    pub id: RequestId,
+    /// What became of the request.
+    pub outcome: Outcome,
+    /// True time by which it reaches a running client.
+    pub due: u64,
+    /// The client-clock reading at which the driver stops waiting for it.
+    pub timeout: Millis,
+    /// Held up by the `delay` fault beyond the latency bound.
+    pub late: bool,
+    /// Lost (a lost reply, a request into a partition): it never arrives,
+    /// and the client learns nothing until its timeout.
+    pub lost: bool,
+}
+
 /// The messages on one (client, node) link.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Link {
-    /// Requests on their way to the node.
-    pub requests: VecDeque<Request>,
+    /// Requests on their way to the node, on the client's current
+    /// connection (FIFO, as TCP is).
+    pub requests: VecDeque<Sent>,
     /// Replies on their way back.
-    pub replies: VecDeque<(RequestId, Outcome)>,
+    pub replies: VecDeque<Returning>,
+    /// Requests the client gave up on: their connection is retired, so a
+    /// later request on a new connection may overtake them, and what they
+    /// answer is never read.
+    pub orphans: VecDeque<Sent>,
+}
+
+impl Link {
+    /// The timeout of the oldest request the client still waits for.
+    fn oldest_timeout(&self) -> Option<Millis> {
+        match self.replies.front() {
+            Some(r) => Some(r.timeout),
+            None => self.requests.front().map(|r| r.timeout),
+        }
+    }
+}
+
+/// The connection id a client's orphaned requests run on: the retired
+/// connection, apart from the client's current one.
+fn orphan_conn(client: u8) -> ConnId {
+    ConnId(u32::from(client) + 0x100)
 }
 
 /// The protected resource.
@@ -281,13 +405,10 @@ pub struct State {
     pub resource: Resource,
     /// Fault actions left.
     pub budget: u8,
-    /// `delay`: ticks left that may pass while the held message is in flight.
-    pub late_ticks: u8,
-    /// `delay`: the link whose messages are held up, if any.
-    pub held: Option<(u8, u8)>,
-    /// `delay`: links that may still be held up (one per run).
+    /// `delay`: messages that may still be held up beyond the latency bound
+    /// (one per run).
     pub holds_left: u8,
-    /// Grants so far (ghost).
+    /// Grants so far, counted where the servers grant (ghost).
     pub grants: u32,
     /// A release or extend touched another owner's hold (ghost, sticky).
     pub owner_violation: bool,
@@ -306,9 +427,36 @@ pub enum Action {
         /// Node.
         node: u8,
     },
-    /// The node runs the first request on the link and the client receives
-    /// the reply, in one step.
+    /// The node runs the first request on the link and the running client
+    /// receives the reply, in one step ([`Reductions::prompt_replies`]).
+    ///
+    /// Why the verdicts stay: the request itself may still be in flight
+    /// while time passes, so the node runs it at any instant up to the
+    /// latency bound, and the client learns the outcome when it runs. A
+    /// reply that came later would only make the client learn later: a
+    /// grant is believed later (its validity is counted from the send, or
+    /// for RedLock shortened by the longer wait), a release or a refusal is
+    /// known later, and the retry that follows is sent later, which the
+    /// request's own latency covers. Replies that never come (lost, cut off,
+    /// held beyond the bound) are kept. The test `reductions_keep_the_verdicts`
+    /// reruns small bounds with replies in flight of their own.
     RoundTrip {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// The node runs the oldest request the client gave up on; its reply
+    /// is never read.
+    DeliverOrphan {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// The client's driver stops waiting for the oldest reply on the link
+    /// (an unknown outcome) and retires the connection.
+    Timeout {
         /// Client.
         client: u8,
         /// Node.
@@ -343,8 +491,8 @@ pub enum Action {
     Replicate,
     /// `failover`: the replica of node 0 is promoted in its place.
     Promote,
-    /// `delay`: the link's messages are held up (they may arrive after time
-    /// has passed, request and reply separately).
+    /// `delay`: the first message on the link is held up beyond the
+    /// latency bound, until after the lease's TTL.
     Hold {
         /// Client.
         client: u8,
@@ -402,7 +550,10 @@ impl LockModel {
     }
 
     fn owner_of_token(s: &str) -> Option<u8> {
-        s.strip_prefix('c')?.parse().ok()
+        match s.as_bytes() {
+            [b'c', d @ b'0'..=b'7'] => Some(d - b'0'),
+            _ => None,
+        }
     }
 
     fn link(&self, client: u8, node: u8) -> usize {
@@ -422,7 +573,7 @@ impl LockModel {
         let mut after = state.clone();
         self.deliver(&mut after, client, node);
         let link = &after.links[self.link(client, node)];
-        link.replies.back().map(|(_, outcome)| outcome.clone())
+        link.replies.back().map(|back| back.outcome.clone())
     }
 
     /// The initial state.
@@ -482,6 +633,7 @@ impl LockModel {
                     crashed: false,
                     waiting_since: Some(0),
                     grant: 0,
+                    at_server: false,
                 }
             })
             .collect();
@@ -495,8 +647,6 @@ impl LockModel {
                 Fault::None | Fault::ClientSkew => 0,
                 _ => 1,
             },
-            late_ticks: if cfg.fault == Fault::Delay { 3 } else { 0 },
-            held: None,
             holds_left: u8::from(cfg.fault == Fault::Delay),
             grants: 0,
             owner_violation: false,
@@ -518,24 +668,37 @@ impl LockModel {
     /// Move a client's requests onto the wire and react to its events.
     fn drain(&self, state: &mut State, c: u8) {
         let ci = usize::from(c);
-        while let Some(req) = state.clients[ci].machine.poll_transmit() {
-            let l = self.link(c, req.node.0);
-            state.links[l].requests.push_back(req);
+        let now = state.clients[ci].clock.at(state.time);
+        while let Some(request) = state.clients[ci].machine.poll_transmit() {
+            let l = self.link(c, request.node.0);
+            state.links[l].requests.push_back(Sent {
+                request,
+                due: state.time + self.cfg.latency,
+                timeout: now + self.cfg.reply_timeout,
+                late: false,
+            });
         }
         while let Some(event) = state.clients[ci].machine.poll_event() {
             let client = &mut state.clients[ci];
             match event {
                 Event::Acquired(lease) => {
-                    state.grants += 1;
-                    client.grant = state.grants;
+                    // The grant's number was taken when the servers granted
+                    // it (`server_grants`). A client that believes it holds
+                    // though the servers never held it for it at once (a
+                    // RedLock quorum whose keys were never all there
+                    // together) takes its number now.
+                    if client.grant == 0 {
+                        state.grants += 1;
+                        client.grant = state.grants;
+                    }
                     client.waiting_since = None;
                     client.phase = Phase::Holding(lease);
                 }
-                Event::Extended(lease) => {
-                    if let Phase::Holding(_) = client.phase {
-                        client.phase = Phase::Holding(lease);
-                    }
-                }
+                Event::Extended(lease) => match client.phase {
+                    Phase::Holding(_) => client.phase = Phase::Holding(lease),
+                    Phase::Checked(_) => client.phase = Phase::Checked(lease),
+                    _ => {}
+                },
                 Event::Denied | Event::Lost | Event::Failed(_) | Event::Released { .. } => {
                     client.waiting_since = None;
                     client.phase = Phase::Done;
@@ -545,7 +708,9 @@ impl LockModel {
         }
     }
 
-    /// The true-time instants at which client `c` must act.
+    /// The earliest true-time instant at which client `c` must act: a due
+    /// timer, the end of its validity, the write it checked it may do, or
+    /// the driver's reply timeout.
     fn obligation(&self, state: &State, c: usize) -> Option<u64> {
         let client = &state.clients[c];
         let timer = client
@@ -557,10 +722,56 @@ impl LockModel {
             Phase::Checked(_) => Some(state.time),
             _ => None,
         };
-        [timer, phase].into_iter().flatten().min()
+        let timeout = (0..self.cfg.nodes)
+            .filter_map(|n| state.links[self.link(c as u8, n)].oldest_timeout())
+            .min()
+            .and_then(|d| client.clock.true_time_of(d));
+        [timer, phase, timeout].into_iter().flatten().min()
+    }
+
+    /// The earliest deadline of a message in flight: a running or crashed
+    /// client's requests and the replies to running clients. A paused
+    /// client's requests wait for it to resume, then are due within the
+    /// latency bound (the pause struck after its machine emitted them and
+    /// before its driver wrote them: the model's client steps emit and
+    /// write at once, so this is where such a pause falls); its replies
+    /// wait for it too.
+    fn message_deadline(&self, state: &State) -> Option<u64> {
+        let mut earliest = None::<u64>;
+        for (c, client) in state.clients.iter().enumerate() {
+            for n in 0..self.cfg.nodes {
+                let link = &state.links[self.link(c as u8, n)];
+                let sent = link
+                    .requests
+                    .iter()
+                    .chain(&link.orphans)
+                    .filter(|_| !client.paused || client.crashed)
+                    .map(|m| m.due);
+                let back = link
+                    .replies
+                    .iter()
+                    .filter(|m| client.runs() && !m.lost)
+                    .map(|m| m.due);
+                for due in sent.chain(back) {
+                    earliest = Some(earliest.map_or(due, |e| e.min(due)));
+                }
+            }
+        }
+        earliest
     }
 
     /// The next instant worth advancing to, if time may advance at all.
+    ///
+    /// Time stops at every instant at which something can change: a
+    /// client's obligation, a key's expiry on some node, a node coming back
+    /// up. Messages stay in flight while it passes, up to their deadlines.
+    /// With [`Reductions::prompt_delivery`] a deadline is not an instant of
+    /// its own: a message must arrive before the next instant at which
+    /// something else changes when that instant lies beyond its deadline.
+    /// What it gives up is arriving later within a stretch in which nothing
+    /// changes: the same order of events, with node clocks read later (a
+    /// key written later expires later) and a reply read later; the test
+    /// `reductions_keep_the_verdicts` reruns small bounds without it.
     fn next_instant(&self, state: &State) -> Option<u64> {
         let t = state.time;
         if t >= self.cfg.horizon {
@@ -569,20 +780,11 @@ impl LockModel {
         let mut next = self.cfg.horizon;
         for (c, client) in state.clients.iter().enumerate() {
             if client.crashed {
-                // What a crashed client already sent still arrives promptly.
-                if self.in_flight(state, c) {
-                    return None;
-                }
                 continue;
             }
             let due = self.obligation(state, c);
-            if client.runs() {
-                if due.is_some_and(|d| d <= t) {
-                    return None;
-                }
-                if self.in_flight(state, c) {
-                    return None;
-                }
+            if client.runs() && due.is_some_and(|d| d <= t) {
+                return None;
             }
             if let Some(d) = due {
                 if d > t {
@@ -606,19 +808,11 @@ impl LockModel {
                 }
             }
         }
-        Some(next)
-    }
-
-    /// Does a message to or from client `c` sit on a link other than the
-    /// held one (which alone may stay in flight while time passes, as long
-    /// as late ticks are left)?
-    fn in_flight(&self, state: &State, c: usize) -> bool {
-        (0..self.cfg.nodes).any(|n| {
-            let link = &state.links[self.link(c as u8, n)];
-            let busy = !link.requests.is_empty() || !link.replies.is_empty();
-            let held = state.held == Some((c as u8, n)) && state.late_ticks > 0;
-            busy && !held
-        })
+        match self.message_deadline(state) {
+            Some(d) if d <= t => None,
+            Some(d) if d < next => (!self.cfg.reductions.prompt_delivery).then_some(d),
+            _ => Some(next),
+        }
     }
 
     /// Every hold visible on a node at its time `now`: (key, member, owner,
@@ -666,45 +860,91 @@ impl LockModel {
         out
     }
 
-    fn record_writers(writers: &mut BTreeMap<String, u8>, c: u8, command: &Command, reply: &Reply) {
+    /// The owners of the holds visible on a node at its time `now`, one
+    /// bit per client: what [`LockModel::holds`] lists, without building it.
+    fn owners(&self, node: &NodeState, now: Millis) -> u8 {
+        let deadlines = self.cfg.protocol == ProtocolId::LeaseSemaphore;
+        let mut bits = 0u8;
+        let mut add = |owner: Option<u8>| {
+            if let Some(o) = owner {
+                bits |= 1u8 << o;
+            }
+        };
+        for (key, entry) in node.keyspace.live(now) {
+            match &entry.value {
+                Value::Str(s) => {
+                    add(Self::owner_of_token(s).or_else(|| node.writers.get(key).copied()))
+                }
+                Value::Hash(h) => h.keys().for_each(|f| add(Self::owner_of_token(f))),
+                Value::Set(s) => s.iter().for_each(|m| add(Self::owner_of_token(m))),
+                Value::ZSet(z) => z
+                    .iter()
+                    .filter(|(_, score)| !(deadlines && **score < now.get() as i64))
+                    .for_each(|(m, _)| add(Self::owner_of_token(m))),
+            }
+        }
+        bits
+    }
+
+    fn record_writers(
+        &self,
+        writers: &mut BTreeMap<String, u8>,
+        c: u8,
+        command: &Command,
+        reply: &Reply,
+    ) {
         match (command, reply) {
             (Command::Set { key, .. }, r) if r.is_ok() || matches!(r, Reply::Bulk(_)) => {
                 writers.insert(key.clone(), c);
             }
-            (Command::SetNx { key, .. }, Reply::Int(1)) | (Command::GetSet { key, .. }, _) => {
+            (Command::SetNx { key, .. }, Reply::Int(1)) => {
                 writers.insert(key.clone(), c);
+            }
+            (Command::GetSet { key, value }, old) => {
+                // A `GETSET` takes the key over only when the value it
+                // replaced had expired by the writer's clock when it sent
+                // (its new value is that clock plus the TTL); a losing one
+                // overwrites a live holder's timestamp with a close one, as
+                // the recipe accepts, and the holder stays the owner.
+                let sent_at = value
+                    .parse::<u64>()
+                    .ok()
+                    .map(|v| v.saturating_sub(self.cfg.ttl));
+                let took_over = match old {
+                    Reply::Nil => true,
+                    Reply::Bulk(old) => old
+                        .parse::<u64>()
+                        .ok()
+                        .zip(sent_at)
+                        .is_some_and(|(old, at)| old < at),
+                    _ => false,
+                };
+                if took_over {
+                    writers.insert(key.clone(), c);
+                }
             }
             (Command::Transaction(cmds), Reply::Array(replies)) => {
                 for (cmd, r) in cmds.iter().zip(replies) {
-                    Self::record_writers(writers, c, cmd, r);
+                    self.record_writers(writers, c, cmd, r);
                 }
             }
             _ => {}
         }
     }
 
-    fn deliver(&self, state: &mut State, c: u8, n: u8) {
-        let l = self.link(c, n);
-        let Some(req) = state.links[l].requests.pop_front() else {
-            return;
-        };
+    /// Runs `command` of client `c` on node `n` over connection `conn`,
+    /// with the ghost bookkeeping: who wrote each plain key, and whether a
+    /// release or extend touched another owner's hold.
+    fn execute(&self, state: &mut State, c: u8, n: u8, command: &Command, conn: ConnId) -> Reply {
         let t = state.time;
         let node = &mut state.nodes[usize::from(n)];
-        let bit = 1u8 << c;
-        if node.dead & bit != 0 || !node.reachable(t) {
-            // Written to a dead connection, or to a node that is down or cut
-            // off: it never runs, and the client learns nothing.
-            node.dead &= !bit;
-            state.links[l].replies.push_back((req.id, Outcome::Unknown));
-            return;
-        }
-        if self.cfg.protocol.uses_watch() {
-            node.connected |= bit;
+        if self.cfg.protocol.uses_watch() && conn == ConnId(u32::from(c)) {
+            node.connected |= 1u8 << c;
         }
         let now = node.now(t);
         let releasing = !matches!(state.clients[usize::from(c)].phase, Phase::Acquiring);
         let before = releasing.then(|| self.holds(node, now));
-        let reply = match &req.command {
+        let reply = match command {
             Command::Wait { replicas, .. } => {
                 let synced = node
                     .replica
@@ -712,9 +952,9 @@ impl LockModel {
                     .is_some_and(|r| same_data(r, &node.keyspace));
                 Reply::Int(i64::from(synced).min(i64::from(*replicas)))
             }
-            command => node.keyspace.execute(ConnId(u32::from(c)), now, command),
+            command => node.keyspace.execute(conn, now, command),
         };
-        Self::record_writers(&mut node.writers, c, &req.command, &reply);
+        self.record_writers(&mut node.writers, c, command, &reply);
         if let Some(before) = before {
             let after = self.holds(node, now);
             let touched = before
@@ -726,18 +966,64 @@ impl LockModel {
             }
         }
         node.keyspace.purge_expired(now);
-        state.links[l]
-            .replies
-            .push_back((req.id, Outcome::Reply(reply)));
+        reply
+    }
+
+    /// The node runs the first request on the client's current connection.
+    /// A node that is down refuses it, and a connection that died with a
+    /// restart or failover fails it: the client learns at once that the
+    /// outcome is unknown. A node cut off never sees it: no reply comes.
+    fn deliver(&self, state: &mut State, c: u8, n: u8) {
+        let l = self.link(c, n);
+        let Some(sent) = state.links[l].requests.pop_front() else {
+            return;
+        };
+        let t = state.time;
+        let node = &mut state.nodes[usize::from(n)];
+        let bit = 1u8 << c;
+        let (outcome, lost) = if node.cut {
+            (Outcome::Unknown, true)
+        } else if node.dead & bit != 0 || !node.reachable(t) {
+            node.dead &= !bit;
+            (Outcome::Unknown, false)
+        } else {
+            let conn = ConnId(u32::from(c));
+            let reply = self.execute(state, c, n, &sent.request.command, conn);
+            (Outcome::Reply(reply), false)
+        };
+        state.links[l].replies.push_back(Returning {
+            id: sent.request.id,
+            outcome,
+            due: t + self.cfg.latency,
+            timeout: sent.timeout,
+            late: false,
+            lost,
+        });
+    }
+
+    /// The node runs the oldest orphaned request, on the retired connection;
+    /// nobody reads the reply.
+    fn deliver_orphan(&self, state: &mut State, c: u8, n: u8) {
+        let l = self.link(c, n);
+        let Some(sent) = state.links[l].orphans.pop_front() else {
+            return;
+        };
+        let t = state.time;
+        let conn = orphan_conn(c);
+        let node = &state.nodes[usize::from(n)];
+        if !node.cut && node.dead & (1u8 << c) == 0 && node.reachable(t) {
+            self.execute(state, c, n, &sent.request.command, conn);
+        }
+        state.nodes[usize::from(n)].keyspace.drop_connection(conn);
     }
 
     fn receive(&self, state: &mut State, c: u8, n: u8) {
         let l = self.link(c, n);
-        let Some((id, outcome)) = state.links[l].replies.pop_front() else {
+        let Some(back) = state.links[l].replies.pop_front() else {
             return;
         };
         let ci = usize::from(c);
-        if outcome == Outcome::Unknown && self.cfg.protocol.uses_watch() {
+        if back.outcome == Outcome::Unknown && self.cfg.protocol.uses_watch() {
             // The adapter retires a connection whose request got no reply
             // and opens a new one for the next: the watches of the old one
             // are of no use to this client any more.
@@ -749,11 +1035,72 @@ impl LockModel {
             return;
         }
         let now = state.clients[ci].clock.at(state.time);
-        state.clients[ci].machine.handle_reply(now, id, outcome);
+        state.clients[ci]
+            .machine
+            .handle_reply(now, back.id, back.outcome);
         self.drain(state, c);
     }
 
+    /// The driver stops waiting for the oldest reply on the link: the
+    /// machine gets an unknown outcome and the connection is retired. A
+    /// request not yet run stays on the retired connection and may still
+    /// run (a later one, on a new connection, may overtake it); a reply
+    /// already on its way is never read.
+    fn time_out(&self, state: &mut State, c: u8, n: u8) {
+        let l = self.link(c, n);
+        let link = &mut state.links[l];
+        let (id, orphaned) = if let Some(back) = link.replies.pop_front() {
+            (back.id, false)
+        } else if let Some(sent) = link.requests.pop_front() {
+            let id = sent.request.id;
+            link.orphans.push_back(sent);
+            (id, true)
+        } else {
+            return;
+        };
+        let node = &mut state.nodes[usize::from(n)];
+        let bit = 1u8 << c;
+        node.connected &= !bit;
+        node.dead &= !bit;
+        let conn = ConnId(u32::from(c));
+        if orphaned {
+            node.keyspace.move_connection(conn, orphan_conn(c));
+        } else {
+            node.keyspace.drop_connection(conn);
+        }
+        let ci = usize::from(c);
+        let now = state.clients[ci].clock.at(state.time);
+        state.clients[ci]
+            .machine
+            .handle_reply(now, id, Outcome::Unknown);
+        self.drain(state, c);
+    }
+
+    /// Ghost bookkeeping of grants where the servers make them: a client
+    /// whose token now holds on a quorum of nodes (one node but for RedLock)
+    /// and did not before takes the next grant number.
+    fn server_grants(&self, state: &mut State) {
+        let t = state.time;
+        let mut held_on = [0u8; 8];
+        for node in &state.nodes {
+            let owners = self.owners(node, node.now(t));
+            for (c, count) in held_on.iter_mut().enumerate() {
+                *count += (owners >> c) & 1;
+            }
+        }
+        let quorum = self.cfg.nodes / 2 + 1;
+        for (c, client) in state.clients.iter_mut().enumerate() {
+            let holding = held_on[c] >= quorum;
+            if holding && !client.at_server {
+                state.grants += 1;
+                client.grant = state.grants;
+            }
+            client.at_server = holding;
+        }
+    }
+
     fn after_step(&self, state: &mut State) {
+        self.server_grants(state);
         let t = state.time;
         let obstructed = state.nodes.iter().any(|n| !n.reachable(t));
         if obstructed || state.clients.iter().any(|c| c.inside(t)) {
@@ -792,7 +1139,9 @@ impl LockModel {
     /// member name) or where clients differ (`client-skew`, which has no
     /// client-level fault anyway).
     fn may_strike(&self, c: u8) -> bool {
-        c == 0 || self.cfg.protocol == ProtocolId::ZsetSemaphore
+        c == 0
+            || !self.cfg.reductions.client_symmetry
+            || self.cfg.protocol == ProtocolId::ZsetSemaphore
     }
 
     /// Every action enabled in `state`.
@@ -802,49 +1151,39 @@ impl LockModel {
         for c in 0..cfg.clients {
             let client = &state.clients[usize::from(c)];
             let strike = self.may_strike(c);
+            let now = client.clock.at(state.time);
             for n in 0..cfg.nodes {
                 let link = &state.links[self.link(c, n)];
-                if strike && state.holds_left > 0 && client.runs() && state.held.is_none() {
-                    // Hold this link's messages up: they may arrive late.
-                    if !link.requests.is_empty() || !link.replies.is_empty() {
-                        actions.push(Action::Hold { client: c, node: n });
-                    }
+                let delay = strike && fault == Fault::Delay && !client.crashed;
+                if delay && state.holds_left > 0 && link.requests.front().is_some_and(|m| !m.late) {
+                    actions.push(Action::Hold { client: c, node: n });
                 }
-                if strike && fault == Fault::Delay && state.budget > 0 && !client.crashed {
+                if delay && state.budget > 0 {
                     if !link.requests.is_empty() {
                         actions.push(Action::LoseRequest { client: c, node: n });
-                    } else if !link.replies.is_empty() {
+                    } else if link.replies.front().is_some_and(|r| !r.lost) {
                         actions.push(Action::LoseReply { client: c, node: n });
                     }
                 }
-                if state.held == Some((c, n)) {
-                    // A held link is served in two halves, at any later time.
-                    if !link.replies.is_empty() {
-                        if client.runs() {
-                            actions.push(Action::Receive { client: c, node: n });
-                        }
-                    } else if !link.requests.is_empty() {
-                        actions.push(Action::Deliver { client: c, node: n });
-                    }
-                    continue;
-                }
-                if !link.replies.is_empty() {
-                    // Replies that waited for a pause to end.
-                    if client.runs() {
-                        actions.push(Action::Receive { client: c, node: n });
-                    }
-                } else if !link.requests.is_empty() {
-                    if client.runs() {
-                        // Partial-order reduction: a running client's reply is
-                        // received in the same step as its request runs. What
-                        // could happen in between (other clients' steps, node
-                        // faults) touches neither the client's machine nor the
-                        // reply, so it may as well happen before or after.
+                // A crashed client's requests already on the wire arrive; a
+                // paused client's wait for it to resume, as do its replies.
+                if !link.requests.is_empty() && (!client.paused || client.crashed) {
+                    let prompt = cfg.reductions.prompt_replies && client.runs();
+                    if prompt && link.replies.is_empty() {
                         actions.push(Action::RoundTrip { client: c, node: n });
                     } else {
-                        // A paused or crashed client's requests already on the
-                        // wire still arrive.
                         actions.push(Action::Deliver { client: c, node: n });
+                    }
+                }
+                if !link.orphans.is_empty() {
+                    actions.push(Action::DeliverOrphan { client: c, node: n });
+                }
+                if client.runs() {
+                    if link.replies.front().is_some_and(|r| !r.lost) {
+                        actions.push(Action::Receive { client: c, node: n });
+                    }
+                    if link.oldest_timeout().is_some_and(|d| d <= now) {
+                        actions.push(Action::Timeout { client: c, node: n });
                     }
                 }
             }
@@ -878,7 +1217,7 @@ impl LockModel {
             // Nodes are interchangeable (every client treats them alike and
             // their deliveries interleave freely), so a node fault need only
             // strike node 0: a symmetry reduction.
-            if state.budget > 0 && n == 0 {
+            if state.budget > 0 && (n == 0 || !cfg.reductions.node_symmetry) {
                 match fault {
                     Fault::ClockJump => actions.push(Action::JumpClock(n)),
                     Fault::Restart | Fault::RestartDelayed | Fault::RestartPersisted => {
@@ -912,8 +1251,13 @@ impl LockModel {
             Action::Deliver { client, node } => self.deliver(&mut s, client, node),
             Action::RoundTrip { client, node } => {
                 self.deliver(&mut s, client, node);
-                self.receive(&mut s, client, node);
+                let back = s.links[self.link(client, node)].replies.front();
+                if back.is_some_and(|b| !b.lost) {
+                    self.receive(&mut s, client, node);
+                }
             }
+            Action::DeliverOrphan { client, node } => self.deliver_orphan(&mut s, client, node),
+            Action::Timeout { client, node } => self.time_out(&mut s, client, node),
             Action::Receive { client, node } => self.receive(&mut s, client, node),
             Action::Timer(c) => {
                 let client = &mut s.clients[usize::from(c)];
@@ -961,14 +1305,14 @@ impl LockModel {
                 self.drain(&mut s, c);
             }
             Action::Tick(t) => {
-                let late = s.held.is_some_and(|(c, n)| {
-                    let link = &s.links[self.link(c, n)];
-                    !link.requests.is_empty() || !link.replies.is_empty()
-                });
+                let late = s
+                    .links
+                    .iter()
+                    .any(|l| l.requests.iter().chain(&l.orphans).any(|m| m.late));
                 s.time = t;
                 if late {
-                    // A message held up across time obstructs like a cut.
-                    s.late_ticks -= 1;
+                    // A message held up beyond the latency bound obstructs
+                    // like a cut.
                     s.last_inside = t;
                 }
             }
@@ -982,6 +1326,13 @@ impl LockModel {
                 s.clients[usize::from(c)].paused = true;
             }
             Action::Resume(c) => {
+                let due = s.time + self.cfg.latency;
+                for n in 0..self.cfg.nodes {
+                    let link = &mut s.links[self.link(c, n)];
+                    for m in link.requests.iter_mut().chain(link.orphans.iter_mut()) {
+                        m.due = m.due.max(due);
+                    }
+                }
                 let client = &mut s.clients[usize::from(c)];
                 client.paused = false;
                 // Patience counts only the time it runs.
@@ -1030,20 +1381,31 @@ impl LockModel {
             }
             Action::Hold { client, node } => {
                 s.holds_left -= 1;
-                s.held = Some((client, node));
+                let l = self.link(client, node);
+                if let Some(front) = s.links[l].requests.front_mut() {
+                    front.due += self.cfg.ttl;
+                    front.late = true;
+                }
             }
             Action::LoseRequest { client, node } => {
                 s.budget -= 1;
                 let l = self.link(client, node);
-                if let Some(req) = s.links[l].requests.pop_front() {
-                    s.links[l].replies.push_back((req.id, Outcome::Unknown));
+                if let Some(sent) = s.links[l].requests.pop_front() {
+                    s.links[l].replies.push_back(Returning {
+                        id: sent.request.id,
+                        outcome: Outcome::Unknown,
+                        due: sent.due,
+                        timeout: sent.timeout,
+                        late: false,
+                        lost: true,
+                    });
                 }
             }
             Action::LoseReply { client, node } => {
                 s.budget -= 1;
                 let l = self.link(client, node);
                 if let Some(front) = s.links[l].replies.front_mut() {
-                    front.1 = Outcome::Unknown;
+                    front.lost = true;
                 }
             }
             Action::Cut(n) => {
@@ -1051,12 +1413,6 @@ impl LockModel {
                 s.nodes[usize::from(n)].cut = true;
             }
             Action::Heal(n) => s.nodes[usize::from(n)].cut = false,
-        }
-        if let Some((c, n)) = s.held {
-            let link = &s.links[self.link(c, n)];
-            if link.requests.is_empty() && link.replies.is_empty() {
-                s.held = None;
-            }
         }
         self.after_step(&mut s);
         Some(s)
@@ -1101,32 +1457,46 @@ impl LockModel {
         match action {
             Action::Deliver { client, node } => {
                 let l = &state.links[self.link(*client, *node)];
-                match l.requests.front() {
-                    Some(r) => format!("n{node} runs c{client}'s {}", command_text(&r.command)),
-                    None => format!("n{node} runs c{client}'s request"),
-                }
-            }
-            Action::RoundTrip { client, node } => {
-                let l = &state.links[self.link(*client, *node)];
-                let Some(r) = l.requests.front() else {
+                let Some(sent) = l.requests.front() else {
                     return format!("n{node} runs c{client}'s request");
                 };
                 let reply = match self.answer(state, *client, *node) {
-                    Some(Outcome::Reply(reply)) => reply_text(&reply),
-                    _ => "no reply (unknown outcome)".to_owned(),
+                    Some(Outcome::Reply(reply)) => format!("→ {}", reply_text(&reply)),
+                    _ if state.nodes[usize::from(*node)].cut => "(lost in the cut)".to_owned(),
+                    _ => "→ no reply (unknown outcome)".to_owned(),
                 };
                 format!(
-                    "n{node} runs c{client}'s {} → {reply}",
-                    command_text(&r.command)
+                    "n{node} runs c{client}'s {} {reply}",
+                    command_text(&sent.request.command)
                 )
+            }
+            Action::RoundTrip { client, node } => self.describe_action(
+                state,
+                &Action::Deliver {
+                    client: *client,
+                    node: *node,
+                },
+            ),
+            Action::DeliverOrphan { client, node } => {
+                let l = &state.links[self.link(*client, *node)];
+                match l.orphans.front() {
+                    Some(sent) => format!(
+                        "n{node} runs c{client}'s late {} (nobody reads the reply)",
+                        command_text(&sent.request.command)
+                    ),
+                    None => format!("n{node} runs c{client}'s late request"),
+                }
+            }
+            Action::Timeout { client, node } => {
+                format!("c{client} times out waiting for n{node} (unknown outcome)")
             }
             Action::Receive { client, node } => {
                 let l = &state.links[self.link(*client, *node)];
-                match l.replies.front() {
-                    Some((_, Outcome::Reply(r))) => {
+                match l.replies.front().map(|b| &b.outcome) {
+                    Some(Outcome::Reply(r)) => {
                         format!("c{client} gets {} from n{node}", reply_text(r))
                     }
-                    Some((_, Outcome::Unknown)) => {
+                    Some(Outcome::Unknown) => {
                         format!("c{client} gets no reply from n{node} (unknown outcome)")
                     }
                     None => format!("c{client} receives from n{node}"),
@@ -1144,7 +1514,7 @@ impl LockModel {
             Action::Replicate => "n0's replica catches up".to_owned(),
             Action::Promote => "n0's replica is promoted".to_owned(),
             Action::Hold { client, node } => {
-                format!("messages between c{client} and n{node} are held up")
+                format!("c{client}'s request to n{node} is held up past the TTL")
             }
             Action::LoseRequest { client, node } => {
                 format!("c{client}'s request to n{node} is lost")

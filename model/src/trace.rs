@@ -96,6 +96,9 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
             Action::RoundTrip { client, node } => {
                 Some((client_lane(*client), node_lane(*node), "#1f5fa8"))
             }
+            Action::DeliverOrphan { client, node } => {
+                Some((client_lane(*client), node_lane(*node), "#c62828"))
+            }
             Action::Receive { client, node } => {
                 Some((node_lane(*node), client_lane(*client), "#2e7d32"))
             }
@@ -123,7 +126,8 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     | Action::Write(c)
                     | Action::Crash(c)
                     | Action::Pause(c)
-                    | Action::Resume(c) => client_lane(*c),
+                    | Action::Resume(c)
+                    | Action::Timeout { client: c, .. } => client_lane(*c),
                     Action::JumpClock(n)
                     | Action::Restart(n)
                     | Action::Cut(n)

@@ -86,19 +86,19 @@ fn unique_state_counts_without_faults_are_pinned() {
 
 const PINNED: [(ProtocolId, usize); 14] = [
     (ProtocolId::SetnxDel, 593),
-    (ProtocolId::SetnxExpire, 609),
+    (ProtocolId::SetnxExpire, 733),
     (ProtocolId::SetnxGetset, 273),
-    (ProtocolId::SetPxGetDel, 221),
-    (ProtocolId::SetPxWatch, 247),
-    (ProtocolId::SetPxLua, 195),
-    (ProtocolId::Reentrant, 3161),
-    (ProtocolId::Redlock, 7967),
-    (ProtocolId::Fenced, 3161),
+    (ProtocolId::SetPxGetDel, 245),
+    (ProtocolId::SetPxWatch, 273),
+    (ProtocolId::SetPxLua, 217),
+    (ProtocolId::Reentrant, 3403),
+    (ProtocolId::Redlock, 17937),
+    (ProtocolId::Fenced, 3403),
     (ProtocolId::ZsetSemaphore, 149),
     (ProtocolId::FairSemaphore, 331),
     (ProtocolId::FairSemaphoreLocked, 657),
     (ProtocolId::WatchSemaphore, 1770),
-    (ProtocolId::LeaseSemaphore, 2991),
+    (ProtocolId::LeaseSemaphore, 3187),
 ];
 
 #[test]

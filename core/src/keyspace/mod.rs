@@ -421,6 +421,20 @@ impl Keyspace {
         self.sessions.remove(&conn);
     }
 
+    /// The connection `from` goes on as `to` (with its `WATCH` and `MULTI`
+    /// state): a driver retired it for its later requests while what it
+    /// already wrote is still to run.
+    pub fn move_connection(&mut self, from: ConnId, to: ConnId) {
+        match self.sessions.remove(&from) {
+            Some(session) => {
+                self.sessions.insert(to, session);
+            }
+            None => {
+                self.sessions.remove(&to);
+            }
+        }
+    }
+
     /// Every connection is reset (the node restarted or failed over): its
     /// `WATCH` and `MULTI` state is lost. A connection that was watching keys
     /// answers its next `EXEC` with nil: a driver that loses a watching

@@ -1,0 +1,165 @@
+//! Every reduction of the model keeps the verdicts: each (protocol, fault)
+//! run at small bounds with the reductions on is compared with the same run
+//! with one reduction off, for each reduction in turn (client and node
+//! symmetry, prompt delivery, prompt replies), under the faults it can
+//! change anything under.
+
+use lockwright_core::ProtocolId;
+use lockwright_model::fault::Fault;
+use lockwright_model::matrix::{self, Verdict};
+use lockwright_model::model::{ModelConfig, Reductions};
+
+/// The small bounds: one TTL and a little more, so that the runs without a
+/// reduction stay within seconds. `extra` is how far past one TTL the run
+/// goes: a retry period for the cheap reductions, one second (more than a
+/// round trip and a reply timeout) without prompt delivery, which
+/// multiplies the instants at which time stops; 0 stands for half a TTL
+/// in all (RedLock without prompt delivery).
+fn small(protocol: ProtocolId, fault: Fault, reductions: Reductions, extra: u64) -> ModelConfig {
+    let mut cfg = ModelConfig::new(protocol, fault);
+    cfg.horizon = if extra == 0 {
+        cfg.ttl / 2
+    } else {
+        cfg.ttl + extra
+    };
+    cfg.reductions = reductions;
+    cfg
+}
+
+fn verdicts(cfg: ModelConfig) -> (Vec<(String, Verdict)>, usize) {
+    let run = matrix::check_config(cfg, 1, false).expect("model configures");
+    let verdicts = run
+        .cells
+        .iter()
+        .map(|c| (c.property.to_string(), c.verdict))
+        .collect();
+    (verdicts, run.states)
+}
+
+/// Each reduction with the faults it can change anything under.
+fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fault>)> {
+    let all = Reductions::ALL;
+    let client_faults = vec![Fault::Crash, Fault::Pause, Fault::Delay];
+    let mut out = vec![
+        (
+            "client symmetry",
+            Reductions {
+                client_symmetry: false,
+                ..all
+            },
+            4_000,
+            client_faults,
+        ),
+        (
+            "prompt delivery",
+            Reductions {
+                prompt_delivery: false,
+                ..all
+            },
+            // RedLock's three masters multiply the instants most: half a
+            // TTL keeps its runs to seconds.
+            if protocol == ProtocolId::Redlock {
+                0
+            } else {
+                1_000
+            },
+            Fault::ALL.to_vec(),
+        ),
+        (
+            "prompt replies",
+            Reductions {
+                prompt_replies: false,
+                ..all
+            },
+            4_000,
+            Fault::ALL.to_vec(),
+        ),
+    ];
+    if protocol == ProtocolId::Redlock {
+        out.push((
+            "node symmetry",
+            Reductions {
+                node_symmetry: false,
+                ..all
+            },
+            4_000,
+            vec![
+                Fault::ClockJump,
+                Fault::Restart,
+                Fault::RestartDelayed,
+                Fault::RestartPersisted,
+                Fault::Partition,
+            ],
+        ));
+    }
+    out
+}
+
+fn compare(protocol: ProtocolId) {
+    let mut differ = Vec::new();
+    for (name, off, extra, faults) in switches(protocol) {
+        for fault in faults {
+            let (reduced, a) = verdicts(small(protocol, fault, Reductions::ALL, extra));
+            let (full, b) = verdicts(small(protocol, fault, off, extra));
+            println!("{protocol} {fault} without {name}: {b} states ({a} with it)");
+            if reduced == full {
+                continue;
+            }
+            // Prompt delivery changes when things happen by up to the
+            // latency bound, and with retries on a fixed schedule that can
+            // move a violation past a small horizon (a rival's retry lands
+            // after the expiry instead of just before it). That is all it may
+            // do: every cell it holds at the small bound but fails without
+            // it must fail at the default bounds, where it is judged.
+            let delayed = name == "prompt delivery"
+                && reduced.iter().zip(&full).all(|((p, r), (_, f))| {
+                    r == f || (*r == Verdict::Holds && default_verdict(protocol, fault, p))
+                });
+            if delayed {
+                println!("  found only later with it, and at the default bounds: {full:?}");
+            } else {
+                differ.push(format!(
+                    "{protocol} {fault}: with {name} {reduced:?}, without {full:?}"
+                ));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "verdicts differ:\n{}", differ.join("\n"));
+}
+
+/// Is `property` violated for `protocol` under `fault` at the default
+/// bounds (all reductions on)?
+fn default_verdict(protocol: ProtocolId, fault: Fault, property: &str) -> bool {
+    let run = matrix::check(protocol, fault, 1, false).expect("model configures");
+    run.cells
+        .iter()
+        .any(|c| c.property.to_string() == property && c.verdict == Verdict::Violated)
+}
+
+macro_rules! rows {
+    ($($name:ident => $id:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                compare(ProtocolId::$id);
+            }
+        )*
+    };
+}
+
+rows! {
+    setnx_del_keeps_its_verdicts_without_reductions => SetnxDel,
+    setnx_expire_keeps_its_verdicts_without_reductions => SetnxExpire,
+    setnx_getset_keeps_its_verdicts_without_reductions => SetnxGetset,
+    set_px_get_del_keeps_its_verdicts_without_reductions => SetPxGetDel,
+    set_px_watch_keeps_its_verdicts_without_reductions => SetPxWatch,
+    set_px_lua_keeps_its_verdicts_without_reductions => SetPxLua,
+    reentrant_keeps_its_verdicts_without_reductions => Reentrant,
+    redlock_keeps_its_verdicts_without_reductions => Redlock,
+    fenced_keeps_its_verdicts_without_reductions => Fenced,
+    zset_semaphore_keeps_its_verdicts_without_reductions => ZsetSemaphore,
+    fair_semaphore_keeps_its_verdicts_without_reductions => FairSemaphore,
+    fair_semaphore_locked_keeps_its_verdicts_without_reductions => FairSemaphoreLocked,
+    watch_semaphore_keeps_its_verdicts_without_reductions => WatchSemaphore,
+    lease_semaphore_keeps_its_verdicts_without_reductions => LeaseSemaphore,
+}
