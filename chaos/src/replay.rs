@@ -525,8 +525,9 @@ Redis' reply equals the model's and, after it, every key, value and expiry deadl
 node that is up equals the model's.
 
 What the harness plays rather than makes real: the network (a partitioned node's requests and \
-lost requests are not sent, a lost reply is read and dropped, a delayed message is sent when the \
-model delivers it), the clients (a paused or crashed client takes no step, a skewed client \
+lost requests are not sent, a lost reply is read and dropped, a message in flight is sent when the \
+model delivers it, and a request whose client timed out runs on the retired connection when the \
+model runs it), the clients (a paused or crashed client takes no step, a skewed client \
 reads the model's clock) and the protected resource (a Redis store of its own running the \
 model's rule in one script, fed the model's ghost grant order: it checks that the writes arrive \
 as the model says, not the rule itself).
