@@ -57,13 +57,26 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
                 ..all
             },
             // RedLock's three masters multiply the instants most: half a
-            // TTL keeps its runs to seconds.
+            // TTL, and the faults whose runs stay below a million states
+            // there (crash, pause, delay, partition and the restart
+            // variants reach 2–5 million without prompt delivery, too many
+            // for every test run).
             if protocol == ProtocolId::Redlock {
                 0
             } else {
                 1_000
             },
-            Fault::ALL.to_vec(),
+            if protocol == ProtocolId::Redlock {
+                vec![
+                    Fault::None,
+                    Fault::ClientSkew,
+                    Fault::ClockJump,
+                    Fault::Restart,
+                    Fault::Failover,
+                ]
+            } else {
+                Fault::ALL.to_vec()
+            },
         ),
         (
             "prompt replies",
