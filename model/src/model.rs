@@ -342,8 +342,6 @@ pub struct Returning {
     pub due: u64,
     /// The client-clock reading at which the driver stops waiting for it.
     pub timeout: Millis,
-    /// Held up by the `delay` fault beyond the latency bound.
-    pub late: bool,
     /// Lost (a lost reply, a request into a partition): it never arrives,
     /// and the client learns nothing until its timeout.
     pub lost: bool,
@@ -820,28 +818,50 @@ impl LockModel {
     /// server-clock deadlines (`lease-semaphore`), a member past its deadline
     /// is no longer a hold, and dropping it touches no one.
     fn holds(&self, node: &NodeState, now: Millis) -> BTreeSet<(String, String, u8, Option<u64>)> {
-        let deadlines = self.cfg.protocol == ProtocolId::LeaseSemaphore;
         let mut out = BTreeSet::new();
+        self.each_hold(node, now, |key, member, owner, expiry| {
+            out.insert((key.to_owned(), member.to_owned(), owner, expiry));
+        });
+        out
+    }
+
+    /// The owners of the holds visible on a node at its time `now`, one
+    /// bit per client: what [`LockModel::holds`] lists, without building it.
+    fn owners(&self, node: &NodeState, now: Millis) -> u8 {
+        let mut bits = 0u8;
+        self.each_hold(node, now, |_, _, owner, _| bits |= 1u8 << owner);
+        bits
+    }
+
+    /// Calls `hold(key, member, owner, expiry)` for every hold visible on a
+    /// node at its time `now` (the member is empty for a plain key).
+    fn each_hold(
+        &self,
+        node: &NodeState,
+        now: Millis,
+        mut hold: impl FnMut(&str, &str, u8, Option<u64>),
+    ) {
+        let deadlines = self.cfg.protocol == ProtocolId::LeaseSemaphore;
         for (key, entry) in node.keyspace.live(now) {
             let Entry { value, expires_at } = entry;
             match value {
                 Value::Str(s) => {
                     let owner = Self::owner_of_token(s).or_else(|| node.writers.get(key).copied());
                     if let Some(o) = owner {
-                        out.insert((key.to_owned(), String::new(), o, *expires_at));
+                        hold(key, "", o, *expires_at);
                     }
                 }
                 Value::Hash(h) => {
                     for field in h.keys() {
                         if let Some(o) = Self::owner_of_token(field) {
-                            out.insert((key.to_owned(), field.clone(), o, *expires_at));
+                            hold(key, field, o, *expires_at);
                         }
                     }
                 }
                 Value::Set(s) => {
                     for m in s {
                         if let Some(o) = Self::owner_of_token(m) {
-                            out.insert((key.to_owned(), m.clone(), o, *expires_at));
+                            hold(key, m, o, *expires_at);
                         }
                     }
                 }
@@ -851,39 +871,12 @@ impl LockModel {
                             continue;
                         }
                         if let Some(o) = Self::owner_of_token(m) {
-                            out.insert((key.to_owned(), m.clone(), o, Some(*score as u64)));
+                            hold(key, m, o, Some(*score as u64));
                         }
                     }
                 }
             }
         }
-        out
-    }
-
-    /// The owners of the holds visible on a node at its time `now`, one
-    /// bit per client: what [`LockModel::holds`] lists, without building it.
-    fn owners(&self, node: &NodeState, now: Millis) -> u8 {
-        let deadlines = self.cfg.protocol == ProtocolId::LeaseSemaphore;
-        let mut bits = 0u8;
-        let mut add = |owner: Option<u8>| {
-            if let Some(o) = owner {
-                bits |= 1u8 << o;
-            }
-        };
-        for (key, entry) in node.keyspace.live(now) {
-            match &entry.value {
-                Value::Str(s) => {
-                    add(Self::owner_of_token(s).or_else(|| node.writers.get(key).copied()))
-                }
-                Value::Hash(h) => h.keys().for_each(|f| add(Self::owner_of_token(f))),
-                Value::Set(s) => s.iter().for_each(|m| add(Self::owner_of_token(m))),
-                Value::ZSet(z) => z
-                    .iter()
-                    .filter(|(_, score)| !(deadlines && **score < now.get() as i64))
-                    .for_each(|(m, _)| add(Self::owner_of_token(m))),
-            }
-        }
-        bits
     }
 
     fn record_writers(
@@ -996,7 +989,6 @@ impl LockModel {
             outcome,
             due: t + self.cfg.latency,
             timeout: sent.timeout,
-            late: false,
             lost,
         });
     }
@@ -1396,7 +1388,6 @@ impl LockModel {
                         outcome: Outcome::Unknown,
                         due: sent.due,
                         timeout: sent.timeout,
-                        late: false,
                         lost: true,
                     });
                 }
