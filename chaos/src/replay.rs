@@ -66,9 +66,12 @@ use crate::{ChaosError, Cluster, NodeOptions, Persistence, RedisNode};
 /// How long a replayed request may take before its outcome is unknown.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Marks the connection key of a client's retired connection, on which its
-/// orphaned requests still run.
-const ORPHAN: u8 = 0x80;
+/// The connection key of a client's retired connection `slot` (the model's
+/// [`lockwright_model::model::Orphan::slot`]), on which an orphaned request
+/// still runs: the high bit, the slot, the client.
+fn retired(client: u8, slot: u8) -> u8 {
+    0x80 | (slot << 3) | client
+}
 
 /// Deliberate faults in the harness, to show that a replay can fail (each
 /// is kept as a test). The default replays faithfully.
@@ -845,22 +848,39 @@ impl Run<'_> {
                 }
                 vec![node]
             }
+            Action::LoseReply { client, node } => {
+                if !self.model.link_of(state, client, node).replies.is_empty() {
+                    // A reply already on its way: the harness drops it.
+                    Vec::new()
+                } else {
+                    // The request runs; the harness drops its reply.
+                    let answer = self.deliver(state, client, node).await?;
+                    if let Err(what) = answer {
+                        return Ok(Some(what));
+                    }
+                    vec![node]
+                }
+            }
             Action::DeliverOrphan { client, node } => {
                 // The request the client gave up on runs on its retired
                 // connection; nobody reads the reply, the keys are compared.
-                let sent = self.model.link_of(state, client, node).orphans.front();
-                let command = sent.map(|s| s.request.command.clone()).ok_or_else(|| {
-                    ChaosError::UnexpectedReply(format!(
-                        "no late request from c{client} to n{node}"
-                    ))
-                })?;
+                let orphan = self.model.link_of(state, client, node).orphans.front();
+                let slot = orphan.map_or(0, |o| o.slot);
+                let command = orphan
+                    .map(|o| o.sent.request.command.clone())
+                    .ok_or_else(|| {
+                        ChaosError::UnexpectedReply(format!(
+                            "no late request from c{client} to n{node}"
+                        ))
+                    })?;
+                let retired = retired(client, slot);
                 if !state.nodes[usize::from(node)].cut {
                     // On the retired connection when there was one; a pair
                     // that had none has no session state to keep.
                     self.report.requests += 1;
-                    let _ = self.send(client | ORPHAN, node, &command).await;
+                    let _ = self.send(retired, node, &command).await;
                 }
-                self.conns.remove(&(client | ORPHAN, node));
+                self.conns.remove(&(retired, node));
                 vec![node]
             }
             Action::Timeout { client, node } => {
@@ -868,9 +888,11 @@ impl Run<'_> {
                 // may run later (on that connection), the next one opens a
                 // new one.
                 let link = self.model.link_of(state, client, node);
-                match self.conns.remove(&(client, node)) {
-                    Some(conn) if link.replies.is_empty() && !link.requests.is_empty() => {
-                        self.conns.insert((client | ORPHAN, node), conn);
+                let orphaned = link.replies.is_empty() && !link.requests.is_empty();
+                let slot = self.model.link_of(next, client, node).orphans.back();
+                match (self.conns.remove(&(client, node)), slot) {
+                    (Some(conn), Some(o)) if orphaned => {
+                        self.conns.insert((retired(client, o.slot), node), conn);
                     }
                     _ => {}
                 }
@@ -922,7 +944,6 @@ impl Run<'_> {
             | Action::Resume(_)
             | Action::Hold { .. }
             | Action::LoseRequest { .. }
-            | Action::LoseReply { .. }
             | Action::Cut(_)
             | Action::Heal(_) => Vec::new(),
         };

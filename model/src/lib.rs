@@ -82,6 +82,13 @@ impl Model for LockModel {
                     m.holds_in(PropertyId::Progress, s)
                 }),
             })
+            .chain(
+                self.sanity
+                    .then(|| Property::always("time passes", |m: &LockModel, s| m.time_passes(s))),
+            )
+            .chain(self.sanity.then(|| {
+                Property::always("deadlines kept", |m: &LockModel, s| m.deadlines_kept(s))
+            }))
             .collect()
     }
 }

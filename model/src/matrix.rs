@@ -66,6 +66,9 @@ pub struct Run {
     pub generated: usize,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// The model's own invariants that failed, with a counterexample each
+    /// (checked only with [`LockModel::sanity`] on).
+    pub broken: Vec<(&'static str, Trace)>,
 }
 
 /// An error setting up a check.
@@ -106,9 +109,17 @@ pub fn check(
 /// [`check`] with bounds of the caller's own (another latency, horizon or
 /// set of reductions).
 pub fn check_config(cfg: ModelConfig, threads: usize, shortest: bool) -> Result<Run, CheckError> {
-    let (protocol, fault) = (cfg.protocol, cfg.fault);
+    let protocol = cfg.protocol;
     let model = LockModel::new(cfg, PropertyId::ALL.to_vec())
         .map_err(|source| CheckError::Config { protocol, source })?;
+    Ok(check_model(model, threads, shortest))
+}
+
+/// [`check`] of a model built by the caller (for instance with
+/// [`LockModel::sanity`] on: its invariants' counterexamples are then in
+/// [`Run::broken`]).
+pub fn check_model(model: LockModel, threads: usize, shortest: bool) -> Run {
+    let (protocol, fault) = (model.cfg.protocol, model.cfg.fault);
     let started = Instant::now();
     let checker = model.clone().checker().threads(threads).spawn_bfs().join();
     let seconds = started.elapsed().as_secs_f64();
@@ -139,12 +150,18 @@ pub fn check_config(cfg: ModelConfig, threads: usize, shortest: bool) -> Result<
             trace,
         });
     }
-    Ok(Run {
+    let broken = ["time passes", "deadlines kept"]
+        .into_iter()
+        .filter(|_| model.sanity)
+        .filter_map(|name| Some((name, checker.discovery(name)?.into_vec())))
+        .collect();
+    Run {
         cells,
         states,
         generated,
         seconds,
-    })
+        broken,
+    }
 }
 
 /// The shortest counterexample for `property`, found by searching on the

@@ -253,6 +253,9 @@ pub struct ClientState {
     /// Ghost: the servers hold the lock (a quorum of them for RedLock) or a
     /// permit for this client right now.
     pub at_server: bool,
+    /// Ghost, within one step: the client's own command took its hold off a
+    /// node while it was acquiring.
+    pub gave_back: bool,
 }
 
 impl ClientState {
@@ -358,7 +361,17 @@ pub struct Link {
     /// Requests the client gave up on: their connection is retired, so a
     /// later request on a new connection may overtake them, and what they
     /// answer is never read.
-    pub orphans: VecDeque<Sent>,
+    pub orphans: VecDeque<Orphan>,
+}
+
+/// A request its client gave up on, on a retired connection of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Orphan {
+    /// The request, as it was sent.
+    pub sent: Sent,
+    /// Which of the client's retired connections to the node it is on
+    /// (see [`orphan_conn`]).
+    pub slot: u8,
 }
 
 impl Link {
@@ -371,10 +384,10 @@ impl Link {
     }
 }
 
-/// The connection id a client's orphaned requests run on: the retired
-/// connection, apart from the client's current one.
-fn orphan_conn(client: u8) -> ConnId {
-    ConnId(u32::from(client) + 0x100)
+/// The connection id of one of a client's retired connections (`slot`
+/// below 8), apart from its current one, on which an orphaned request runs.
+pub fn orphan_conn(client: u8, slot: u8) -> ConnId {
+    ConnId(0x100 + u32::from(client) * 8 + u32::from(slot))
 }
 
 /// The protected resource.
@@ -504,7 +517,8 @@ pub enum Action {
         /// Node.
         node: u8,
     },
-    /// `delay`: the first reply on the link is lost.
+    /// `delay`: the first reply on the link is lost; with none on the way
+    /// yet, the first request runs and its reply is lost.
     LoseReply {
         /// Client.
         client: u8,
@@ -524,6 +538,10 @@ pub struct LockModel {
     pub cfg: ModelConfig,
     /// The properties checked (and named in counterexamples).
     pub properties: Vec<PropertyId>,
+    /// Also check the model's own invariants ([`LockModel::time_passes`],
+    /// [`LockModel::deadlines_kept`]) as the properties "time passes" and
+    /// "deadlines kept" (tests only: it costs an `enabled` per state).
+    pub sanity: bool,
     limit: usize,
 }
 
@@ -539,6 +557,7 @@ impl LockModel {
         Ok(LockModel {
             cfg,
             properties,
+            sanity: false,
             limit,
         })
     }
@@ -632,6 +651,7 @@ impl LockModel {
                     waiting_since: Some(0),
                     grant: 0,
                     at_server: false,
+                    gave_back: false,
                 }
             })
             .collect();
@@ -742,13 +762,16 @@ impl LockModel {
                 let sent = link
                     .requests
                     .iter()
-                    .chain(&link.orphans)
                     .filter(|_| !client.paused || client.crashed)
+                    .chain(link.orphans.iter().map(|o| &o.sent))
                     .map(|m| m.due);
+                // Replies arrive in order: those behind a lost one wait for
+                // the client to time out on it (which loses them too).
                 let back = link
                     .replies
                     .iter()
-                    .filter(|m| client.runs() && !m.lost)
+                    .take_while(|m| !m.lost)
+                    .filter(|_| client.runs())
                     .map(|m| m.due);
                 for due in sent.chain(back) {
                     earliest = Some(earliest.map_or(due, |e| e.min(due)));
@@ -935,6 +958,7 @@ impl LockModel {
             node.connected |= 1u8 << c;
         }
         let now = node.now(t);
+        let held_before = self.owners(node, now) & (1u8 << c) != 0;
         let releasing = !matches!(state.clients[usize::from(c)].phase, Phase::Acquiring);
         let before = releasing.then(|| self.holds(node, now));
         let reply = match command {
@@ -957,6 +981,13 @@ impl LockModel {
             if touched {
                 state.owner_violation = true;
             }
+        }
+        let acquiring = !releasing;
+        if acquiring && held_before && self.owners(node, now) & (1u8 << c) == 0 {
+            // An acquiring client took its own hold off (a failed round's
+            // release, an undo): a grant it believes in later is a new one
+            // (`server_grants`).
+            state.clients[usize::from(c)].gave_back = true;
         }
         node.keyspace.purge_expired(now);
         reply
@@ -997,11 +1028,11 @@ impl LockModel {
     /// nobody reads the reply.
     fn deliver_orphan(&self, state: &mut State, c: u8, n: u8) {
         let l = self.link(c, n);
-        let Some(sent) = state.links[l].orphans.pop_front() else {
+        let Some(Orphan { sent, slot }) = state.links[l].orphans.pop_front() else {
             return;
         };
         let t = state.time;
-        let conn = orphan_conn(c);
+        let conn = orphan_conn(c, slot);
         let node = &state.nodes[usize::from(n)];
         if !node.cut && node.dead & (1u8 << c) == 0 && node.reachable(t) {
             self.execute(state, c, n, &sent.request.command, conn);
@@ -1042,21 +1073,29 @@ impl LockModel {
         let l = self.link(c, n);
         let link = &mut state.links[l];
         let (id, orphaned) = if let Some(back) = link.replies.pop_front() {
-            (back.id, false)
+            (back.id, None)
         } else if let Some(sent) = link.requests.pop_front() {
             let id = sent.request.id;
-            link.orphans.push_back(sent);
-            (id, true)
+            let slot = (0..8u8)
+                .find(|k| link.orphans.iter().all(|o| o.slot != *k))
+                .expect("fewer than 8 orphans on a link");
+            link.orphans.push_back(Orphan { sent, slot });
+            (id, Some(slot))
         } else {
             return;
         };
+        // Replies still on their way come in on the retired connection,
+        // which nobody reads: the client times out on each in turn.
+        for back in &mut link.replies {
+            back.lost = true;
+        }
         let node = &mut state.nodes[usize::from(n)];
         let bit = 1u8 << c;
         node.connected &= !bit;
         node.dead &= !bit;
         let conn = ConnId(u32::from(c));
-        if orphaned {
-            node.keyspace.move_connection(conn, orphan_conn(c));
+        if let Some(slot) = orphaned {
+            node.keyspace.move_connection(conn, orphan_conn(c, slot));
         } else {
             node.keyspace.drop_connection(conn);
         }
@@ -1086,8 +1125,13 @@ impl LockModel {
             if holding && !client.at_server {
                 state.grants += 1;
                 client.grant = state.grants;
+            } else if !holding && client.at_server && client.gave_back {
+                // Its own release or undo ended the grant: nothing it
+                // believes later can be that grant.
+                client.grant = 0;
             }
             client.at_server = holding;
+            client.gave_back = false;
         }
     }
 
@@ -1098,6 +1142,21 @@ impl LockModel {
         if obstructed || state.clients.iter().any(|c| c.inside(t)) {
             state.last_inside = t;
         }
+    }
+
+    /// The model's own invariant: before the horizon, some action is always
+    /// enabled (no run stops early, leaving what follows unexplored).
+    pub fn time_passes(&self, state: &State) -> bool {
+        let mut actions = Vec::new();
+        self.enabled(state, &mut actions);
+        state.time >= self.cfg.horizon || !actions.is_empty()
+    }
+
+    /// The model's own invariant: no message whose deadline binds is still
+    /// in flight past it (time never passes a due message).
+    pub fn deadlines_kept(&self, state: &State) -> bool {
+        self.message_deadline(state)
+            .is_none_or(|due| due >= state.time)
     }
 
     /// The verdict of `property` on `state`: `true` when it holds.
@@ -1153,7 +1212,9 @@ impl LockModel {
                 if delay && state.budget > 0 {
                     if !link.requests.is_empty() {
                         actions.push(Action::LoseRequest { client: c, node: n });
-                    } else if link.replies.front().is_some_and(|r| !r.lost) {
+                    }
+                    let reply = link.replies.front().is_some_and(|r| !r.lost);
+                    if reply || (link.replies.is_empty() && !link.requests.is_empty()) {
                         actions.push(Action::LoseReply { client: c, node: n });
                     }
                 }
@@ -1297,10 +1358,10 @@ impl LockModel {
                 self.drain(&mut s, c);
             }
             Action::Tick(t) => {
-                let late = s
-                    .links
-                    .iter()
-                    .any(|l| l.requests.iter().chain(&l.orphans).any(|m| m.late));
+                let late = s.links.iter().any(|l| {
+                    let orphans = l.orphans.iter().map(|o| &o.sent);
+                    l.requests.iter().chain(orphans).any(|m| m.late)
+                });
                 s.time = t;
                 if late {
                     // A message held up beyond the latency bound obstructs
@@ -1321,7 +1382,7 @@ impl LockModel {
                 let due = s.time + self.cfg.latency;
                 for n in 0..self.cfg.nodes {
                     let link = &mut s.links[self.link(c, n)];
-                    for m in link.requests.iter_mut().chain(link.orphans.iter_mut()) {
+                    for m in link.requests.iter_mut() {
                         m.due = m.due.max(due);
                     }
                 }
@@ -1374,9 +1435,16 @@ impl LockModel {
             Action::Hold { client, node } => {
                 s.holds_left -= 1;
                 let l = self.link(client, node);
-                if let Some(front) = s.links[l].requests.front_mut() {
-                    front.due += self.cfg.ttl;
-                    front.late = true;
+                let mut held = None;
+                for (i, m) in s.links[l].requests.iter_mut().enumerate() {
+                    if i == 0 {
+                        m.due += self.cfg.ttl;
+                        m.late = true;
+                        held = Some(m.due);
+                    } else if let Some(due) = held {
+                        // Behind it on the same connection: no earlier.
+                        m.due = m.due.max(due);
+                    }
                 }
             }
             Action::LoseRequest { client, node } => {
@@ -1395,6 +1463,10 @@ impl LockModel {
             Action::LoseReply { client, node } => {
                 s.budget -= 1;
                 let l = self.link(client, node);
+                if s.links[l].replies.is_empty() {
+                    // The request runs; its reply never comes back.
+                    self.deliver(&mut s, client, node);
+                }
                 if let Some(front) = s.links[l].replies.front_mut() {
                     front.lost = true;
                 }
@@ -1470,7 +1542,7 @@ impl LockModel {
             ),
             Action::DeliverOrphan { client, node } => {
                 let l = &state.links[self.link(*client, *node)];
-                match l.orphans.front() {
+                match l.orphans.front().map(|o| &o.sent) {
                     Some(sent) => format!(
                         "n{node} runs c{client}'s late {} (nobody reads the reply)",
                         command_text(&sent.request.command)
@@ -1510,7 +1582,21 @@ impl LockModel {
             Action::LoseRequest { client, node } => {
                 format!("c{client}'s request to n{node} is lost")
             }
-            Action::LoseReply { client, node } => format!("n{node}'s reply to c{client} is lost"),
+            Action::LoseReply { client, node } => {
+                let l = &state.links[self.link(*client, *node)];
+                if l.replies.is_empty() {
+                    let ran = self.describe_action(
+                        state,
+                        &Action::Deliver {
+                            client: *client,
+                            node: *node,
+                        },
+                    );
+                    format!("{ran}, and the reply to c{client} is lost")
+                } else {
+                    format!("n{node}'s reply to c{client} is lost")
+                }
+            }
             Action::Cut(n) => format!("n{n} is cut off"),
             Action::Heal(n) => format!("n{n}'s cut heals"),
         }

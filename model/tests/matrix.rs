@@ -11,7 +11,17 @@ fn check_protocol(protocol: ProtocolId) {
     let rules = matrix::parse_expectations(matrix::EXPECTATIONS).expect("expectations parse");
     let mut failures = Vec::new();
     for fault in Fault::ALL {
-        let run = matrix::check(protocol, fault, 1, false).expect("model configures");
+        // The model's own invariants are checked in the same run: no run
+        // stops before the horizon, no message outlives its deadline.
+        let mut model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec()).unwrap();
+        model.sanity = true;
+        let run = matrix::check_model(model.clone(), 1, false);
+        for (name, trace) in &run.broken {
+            failures.push(format!(
+                "{protocol} {fault}: the model's invariant \"{name}\" fails:\n{}",
+                trace::text(&model, trace)
+            ));
+        }
         for cell in &run.cells {
             let rule =
                 matrix::expected(&rules, protocol, fault, cell.property).unwrap_or_else(|| {
