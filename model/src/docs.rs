@@ -401,13 +401,14 @@ fn svg_name(id: ProtocolId, f: Fault, p: PropertyId) -> String {
 fn bounds(protocol: ProtocolId) -> String {
     let cfg = ModelConfig::new(protocol, Fault::None);
     format!(
-        "{} clients, {} node{}, TTL {} ms, retries every {}–{} ms, request latency up to {} ms, reply timeout {} ms, horizon {} ms, one fault action per run",
+        "{} clients, {} node{}, TTL {} ms, retries every {}–{} ms plus up to {} ms of jitter, request latency up to {} ms, reply timeout {} ms, horizon {} ms, one fault action per run",
         cfg.clients,
         cfg.nodes,
         if cfg.nodes == 1 { "" } else { "s" },
         cfg.ttl,
         cfg.retry_base,
         cfg.retry_max,
+        cfg.retry_jitter,
         cfg.latency,
         cfg.reply_timeout,
         cfg.horizon

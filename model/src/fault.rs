@@ -103,9 +103,11 @@ pub enum PropertyId {
     FencedResource,
     /// No release or extend removes or extends another owner's hold.
     OwnerOnly,
-    /// A running waiting client does not wait longer than `2·ttl + 2·max
-    /// retry delay` while no live client is inside and every node is up and
-    /// reachable (no deadlock, no leaked permit).
+    /// A running waiting client does not wait longer than `2·ttl + 2·longest
+    /// retry delay (with jitter)` while no live client is inside and every
+    /// node is up and reachable (no deadlock, no leaked permit). A client
+    /// whose acquire gave up (an error reply, or its deadline) still waits:
+    /// it wanted the lock and did not get it.
     Progress,
 }
 

@@ -17,9 +17,14 @@
 //! # The workload
 //!
 //! Every client runs one round: acquire (retrying until the horizon), hold
-//! for any time up to its validity, check its validity, write to the
-//! protected resource, release. The check and the write are separate steps,
-//! so a pause can fall between them.
+//! for any time up to its validity (time stops at its last millisecond, so
+//! a holder may use all of it), check its validity, write to the protected
+//! resource, release. The check and the write are separate steps, so a
+//! pause can fall between them. A retry fires when its machine armed it or
+//! at any instant up to [`ModelConfig::retry_jitter`] later, as the
+//! adapter's jittered backoff may ([`Reductions::one_late_retry`] lets one
+//! retry per run do so). A client whose acquire gives up still wanted the
+//! lock: `progress` counts it as waiting.
 //!
 //! # The network
 //!
@@ -77,6 +82,10 @@ pub struct ModelConfig {
     pub retry_base: u64,
     /// Largest retry delay.
     pub retry_max: u64,
+    /// Retry jitter, ms of the client's clock: a retry the machine armed
+    /// for `d` fires at any instant from `d` to `d + retry_jitter`, as the
+    /// adapter's jittered backoff may (see [`LockModel::may_defer`]).
+    pub retry_jitter: u64,
     /// True time at which exploration stops.
     pub horizon: u64,
     /// Latency bound of one message, ms of true time: every request and
@@ -109,6 +118,11 @@ pub struct Reductions {
     /// runs the request: the whole round trip's latency is the request's.
     /// See [`Action::RoundTrip`] for why that keeps the verdicts.
     pub prompt_replies: bool,
+    /// At most one retry per run fires late (within
+    /// [`ModelConfig::retry_jitter`]); the others fire when the machine
+    /// armed them. One late retry is what lines a rival's attempt up with
+    /// an expiry or a release; every later retry's instant shifts with it.
+    pub one_late_retry: bool,
 }
 
 impl Reductions {
@@ -118,6 +132,7 @@ impl Reductions {
         node_symmetry: true,
         prompt_delivery: true,
         prompt_replies: true,
+        one_late_retry: true,
     };
     /// Every reduction off.
     pub const NONE: Reductions = Reductions {
@@ -125,6 +140,7 @@ impl Reductions {
         node_symmetry: false,
         prompt_delivery: false,
         prompt_replies: false,
+        one_late_retry: false,
     };
 }
 
@@ -150,6 +166,7 @@ impl ModelConfig {
             ttl: 10_000,
             retry_base: 2_000,
             retry_max: 4_000,
+            retry_jitter: 1_000,
             horizon: 32_000,
             latency: 400,
             reply_timeout: 1_000,
@@ -160,7 +177,12 @@ impl ModelConfig {
     /// How long a waiting client may wait with no live holder inside
     /// before `progress` counts as violated.
     pub fn patience(&self) -> u64 {
-        2 * self.ttl + 2 * self.retry_max
+        2 * self.ttl + 2 * self.longest_retry()
+    }
+
+    /// The longest retry delay with jitter.
+    pub fn longest_retry(&self) -> u64 {
+        self.retry_max + self.retry_jitter
     }
 
     /// The core configuration every client machine is built from.
@@ -419,6 +441,8 @@ pub struct State {
     /// `delay`: messages that may still be held up beyond the latency bound
     /// (one per run).
     pub holds_left: u8,
+    /// Retries that may still fire late ([`Reductions::one_late_retry`]).
+    pub late_retries_left: u8,
     /// Grants so far, counted where the servers grant (ghost).
     pub grants: u32,
     /// A release or extend touched another owner's hold (ghost, sticky).
@@ -666,6 +690,13 @@ impl LockModel {
                 _ => 1,
             },
             holds_left: u8::from(cfg.fault == Fault::Delay),
+            late_retries_left: if cfg.retry_jitter == 0 {
+                0
+            } else if cfg.reductions.one_late_retry {
+                1
+            } else {
+                u8::MAX
+            },
             grants: 0,
             owner_violation: false,
             last_inside: 0,
@@ -717,6 +748,14 @@ impl LockModel {
                     Phase::Checked(_) => client.phase = Phase::Checked(lease),
                     _ => {}
                 },
+                // A client that gives up acquiring (its deadline passed, or
+                // Redis answered with an error, as `watch-semaphore` does
+                // once its limit key is lost) still wanted the lock: it
+                // keeps waiting for `progress`, and no retry of the
+                // application's can help it where the error repeats.
+                Event::Denied | Event::Failed(_) if matches!(client.phase, Phase::Acquiring) => {
+                    client.phase = Phase::Done;
+                }
                 Event::Denied | Event::Lost | Event::Failed(_) | Event::Released { .. } => {
                     client.waiting_since = None;
                     client.phase = Phase::Done;
@@ -731,10 +770,15 @@ impl LockModel {
     /// the driver's reply timeout.
     fn obligation(&self, state: &State, c: usize) -> Option<u64> {
         let client = &state.clients[c];
+        let slack = if self.may_defer(state, c) {
+            self.cfg.retry_jitter
+        } else {
+            0
+        };
         let timer = client
             .machine
             .poll_timeout()
-            .and_then(|d| client.clock.true_time_of(d));
+            .and_then(|d| client.clock.true_time_of(d + slack));
         let phase = match &client.phase {
             Phase::Holding(lease) => client.clock.true_time_of(lease.valid_until),
             Phase::Checked(_) => Some(state.time),
@@ -745,6 +789,55 @@ impl LockModel {
             .min()
             .and_then(|d| client.clock.true_time_of(d));
         [timer, phase, timeout].into_iter().flatten().min()
+    }
+
+    /// The instant at which client `c` may act though nothing obliges it
+    /// to: the last instant at which a holder's check still passes, so that
+    /// a holder may use all of its validity (the instant at which it ends is
+    /// an obligation, and the check fails there).
+    fn last_check(&self, state: &State, c: usize) -> Option<u64> {
+        let client = &state.clients[c];
+        match &client.phase {
+            Phase::Holding(lease) => client
+                .clock
+                .true_time_of(lease.valid_until)
+                .map(|t| t.saturating_sub(1)),
+            _ => None,
+        }
+    }
+
+    /// May client `c`'s armed retry still fire late? With
+    /// [`ModelConfig::retry_jitter`] a retry fires at any instant up to the
+    /// jitter after its machine armed it: the machine drew the shortest
+    /// delay, the driver sleeps any delay up to the jitter longer (the
+    /// adapter's jittered backoff draws from such a range), as long as the
+    /// run has a late retry left ([`Reductions::one_late_retry`]). A client
+    /// waits for its retry when it is acquiring with nothing in flight and
+    /// nothing to read.
+    fn may_defer(&self, state: &State, c: usize) -> bool {
+        state.late_retries_left > 0
+            && matches!(state.clients[c].phase, Phase::Acquiring)
+            && (0..self.cfg.nodes).all(|n| {
+                let link = &state.links[self.link(c as u8, n)];
+                link.requests.is_empty() && link.replies.is_empty()
+            })
+    }
+
+    /// May some client's late retry fire at true time `d`? Then `d` is
+    /// an instant of its own even with [`Reductions::prompt_delivery`]: a
+    /// retry that fires as a message's deadline runs out (the last moment
+    /// a DEL can still be in flight) is a different run from one that
+    /// fires before or after it.
+    fn may_retry_at(&self, state: &State, d: u64) -> bool {
+        state.clients.iter().enumerate().any(|(c, client)| {
+            client.runs()
+                && self.may_defer(state, c)
+                && client.machine.poll_timeout().is_some_and(|at| {
+                    let from = client.clock.true_time_of(at);
+                    let to = client.clock.true_time_of(at + self.cfg.retry_jitter);
+                    from.is_some_and(|f| f < d) && to.is_some_and(|u| d <= u)
+                })
+        })
     }
 
     /// The earliest deadline of a message in flight: a running or crashed
@@ -807,7 +900,17 @@ impl LockModel {
             if client.runs() && due.is_some_and(|d| d <= t) {
                 return None;
             }
-            if let Some(d) = due {
+            // A retry that may fire late may also fire when it is due.
+            let retry = if self.may_defer(state, c) {
+                client
+                    .machine
+                    .poll_timeout()
+                    .and_then(|d| client.clock.true_time_of(d))
+            } else {
+                None
+            };
+            let last_check = self.last_check(state, c);
+            for d in due.into_iter().chain(retry).chain(last_check) {
                 if d > t {
                     next = next.min(d);
                 }
@@ -831,7 +934,9 @@ impl LockModel {
         }
         match self.message_deadline(state) {
             Some(d) if d <= t => None,
-            Some(d) if d < next => (!self.cfg.reductions.prompt_delivery).then_some(d),
+            Some(d) if d < next => {
+                (!self.cfg.reductions.prompt_delivery || self.may_retry_at(state, d)).then_some(d)
+            }
             _ => Some(next),
         }
     }
@@ -1313,7 +1418,16 @@ impl LockModel {
             Action::Timeout { client, node } => self.time_out(&mut s, client, node),
             Action::Receive { client, node } => self.receive(&mut s, client, node),
             Action::Timer(c) => {
-                let client = &mut s.clients[usize::from(c)];
+                let ci = usize::from(c);
+                let late = self.may_defer(&s, ci)
+                    && s.clients[ci]
+                        .machine
+                        .poll_timeout()
+                        .is_some_and(|d| d < s.clients[ci].clock.at(s.time));
+                if late && self.cfg.reductions.one_late_retry {
+                    s.late_retries_left -= 1;
+                }
+                let client = &mut s.clients[ci];
                 let now = client.clock.at(s.time);
                 client.machine.handle_timeout(now);
                 self.drain(&mut s, c);

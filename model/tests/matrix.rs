@@ -95,20 +95,20 @@ fn unique_state_counts_without_faults_are_pinned() {
 }
 
 const PINNED: [(ProtocolId, usize); 14] = [
-    (ProtocolId::SetnxDel, 593),
-    (ProtocolId::SetnxExpire, 733),
-    (ProtocolId::SetnxGetset, 273),
-    (ProtocolId::SetPxGetDel, 245),
-    (ProtocolId::SetPxWatch, 273),
-    (ProtocolId::SetPxLua, 217),
-    (ProtocolId::Reentrant, 3403),
-    (ProtocolId::Redlock, 17937),
-    (ProtocolId::Fenced, 3403),
-    (ProtocolId::ZsetSemaphore, 149),
-    (ProtocolId::FairSemaphore, 331),
-    (ProtocolId::FairSemaphoreLocked, 657),
-    (ProtocolId::WatchSemaphore, 1770),
-    (ProtocolId::LeaseSemaphore, 3187),
+    (ProtocolId::SetnxDel, 2123),
+    (ProtocolId::SetnxExpire, 10229),
+    (ProtocolId::SetnxGetset, 1103),
+    (ProtocolId::SetPxGetDel, 1961),
+    (ProtocolId::SetPxWatch, 4213),
+    (ProtocolId::SetPxLua, 1005),
+    (ProtocolId::Reentrant, 17621),
+    (ProtocolId::Redlock, 80939),
+    (ProtocolId::Fenced, 17621),
+    (ProtocolId::ZsetSemaphore, 465),
+    (ProtocolId::FairSemaphore, 1019),
+    (ProtocolId::FairSemaphoreLocked, 2191),
+    (ProtocolId::WatchSemaphore, 4714),
+    (ProtocolId::LeaseSemaphore, 16521),
 ];
 
 #[test]
