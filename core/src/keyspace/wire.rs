@@ -264,6 +264,16 @@ mod tests {
     }
 
     #[test]
+    fn a_script_sha1_is_the_one_redis_names_it_by() {
+        // `SCRIPT LOAD` of this text on redis-server 7 answers this SHA1
+        // (tests/tests/scripts.rs checks every script against a live server).
+        assert_eq!(
+            Script::CompareAndPExpire.sha1(),
+            "b08102f5c0d4d4e605c7ec82cb3dbc3c344d9147"
+        );
+    }
+
+    #[test]
     fn a_transaction_is_multi_its_commands_exec() {
         let t = Command::Transaction(vec![
             Command::Incr { key: "n".into() },
