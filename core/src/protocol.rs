@@ -12,7 +12,21 @@
 //!    each [`Request`] on its node, drain [`Protocol::poll_event`] until
 //!    `None`, then re-arm one timer at [`Protocol::poll_timeout`].
 //!
+//! **Order per node.** A node MUST run one machine's requests in the order
+//! [`Protocol::poll_transmit`] gave them; a driver MAY pipeline them (write
+//! the next before the previous reply has come) on one connection, whose
+//! replies come back in that order. Replies are handed back as they arrive;
+//! replies from different nodes may come back in any order. A machine sends
+//! to a node again while an earlier request there is in flight only when it
+//! no longer waits for the earlier one (its reply is then ignored) or, in
+//! `reentrant`, when its background renewal and a nested operation run
+//! together.
+//!
 //! Every call that needs the time takes `now`, the caller's monotonic clock.
+//! Where [`ProtocolId::clock`](crate::catalogue::ProtocolId::clock) is
+//! [`ClockUse::Shared`](crate::catalogue::ClockUse::Shared), the protocol
+//! writes `now` to Redis for other clients to compare, so `now` must also be
+//! a clock all clients share (Unix milliseconds, read monotonically).
 //! A machine never performs I/O, never reads a clock and never draws random
 //! numbers: owner tokens are given to it and jitter comes from a seeded
 //! generator in its state.

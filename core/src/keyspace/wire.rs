@@ -13,8 +13,8 @@
 //!   Nothing may be sent on that connection in between.
 //!
 //! RESP framing of a vector is `*<n>\r\n` then `$<len>\r\n<arg>\r\n` per
-//! argument; replies map to [`Reply`] as RESP2 types do (an error reply is
-//! [`Reply::Error`] with Redis' full text, `-` stripped).
+//! argument; replies map to [`Reply`](super::Reply) as RESP2 types do (an error reply is
+//! [`Reply::Error`](super::Reply::Error) with Redis' full text, `-` stripped).
 
 use super::command::{Command, ScoreBound, SetCondition, SetExpiry};
 use super::script::Script;

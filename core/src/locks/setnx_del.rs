@@ -19,7 +19,7 @@
 //! ## Known failure
 //!
 //! There is no TTL, so there is no lease: a hold lasts until its holder
-//! deletes the key, and [`Lease::valid_until`] is "forever"
+//! deletes the key, and [`Lease::valid_until`](crate::protocol::Lease::valid_until) is "forever"
 //! (`Millis(u64::MAX)`). A holder that crashes before releasing leaves the
 //! key behind and every later acquire is denied for ever: `progress` fails
 //! under the `crash` fault. The book says so itself and moves on to the lock
