@@ -22,8 +22,8 @@ use crate::catalogue::Machine;
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Event, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
-    Token, UsageError,
+    Acquire, Event, Extension, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request,
+    RequestId, Token, UsageError,
 };
 use crate::sim::SplitMix64;
 use crate::time::Millis;
@@ -169,7 +169,6 @@ impl TimerTable {
     }
 
     /// When `timer` fires, if armed.
-    #[cfg(test)]
     pub(crate) fn get(&self, timer: Timer) -> Option<Millis> {
         self.at[timer as usize]
     }
@@ -955,9 +954,14 @@ impl<R: Recipe> Engine<R> {
                 automatic,
                 ..
             } => {
+                let by = if automatic {
+                    Extension::Renewal
+                } else {
+                    Extension::Extend
+                };
                 let reply = match reply {
                     Ok(reply) => reply,
-                    Err(None) => return self.hold_on(now, lease, Event::NotExtended),
+                    Err(None) => return self.hold_on(now, lease, Event::NotExtended { by }),
                     Err(Some(e)) => return self.hold_on(now, lease, Event::Failed(e)),
                 };
                 match self.recipe.advance(Op::Extend, step, reply, now) {
@@ -974,7 +978,7 @@ impl<R: Recipe> Engine<R> {
                     Next::Done { ours: true } => {
                         let lease = self.lease_from(sent_at, lease.fence);
                         self.hold(lease.clone(), sent_at);
-                        self.base.out.emit(Event::Extended(lease));
+                        self.base.out.emit(Event::Extended { lease, by });
                     }
                     Next::Done { ours: false } => {
                         self.go_idle();
@@ -1077,13 +1081,22 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
-        let lease = match &self.state {
+        let lease = match &mut self.state {
             State::Held { lease, .. } => lease.clone(),
+            // Join the automatic renewal in flight: its reply concludes
+            // this extend.
+            State::Extending { automatic, .. } if *automatic => {
+                *automatic = false;
+                return Ok(());
+            }
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
         };
         if !R::EXTENDS {
-            self.base.out.emit(Event::Extended(lease));
+            self.base.out.emit(Event::Extended {
+                lease,
+                by: Extension::Extend,
+            });
             return Ok(());
         }
         if self.recipe.gone(Op::Extend, &lease, now) {

@@ -137,15 +137,36 @@ pub enum Event {
         was_held: bool,
     },
     /// The hold was extended; the new lease replaces the old one.
-    Extended(Lease),
+    Extended {
+        /// The new lease.
+        lease: Lease,
+        /// The application's [`Protocol::extend`] or an automatic renewal.
+        by: Extension,
+    },
     /// An extend did not succeed; the old lease still stands until its
     /// `valid_until` (an extend never silently releases).
-    NotExtended,
+    NotExtended {
+        /// The application's [`Protocol::extend`] or an automatic renewal.
+        by: Extension,
+    },
     /// The hold is gone: validity ran out, or renewal found it taken.
     Lost,
     /// The operation failed with an error; the machine is idle again (any
     /// partial hold it may have left on a node is being released).
     Failed(ProtocolError),
+}
+
+/// Which operation an [`Event::Extended`] or [`Event::NotExtended`]
+/// concludes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Extension {
+    /// The application's [`Protocol::extend`]. An `extend` called while an
+    /// automatic renewal is in flight joins it: the renewal's reply
+    /// concludes the `extend`, and is reported as this.
+    Extend,
+    /// An automatic renewal (`Config::auto_renew`) that the application did
+    /// not ask for.
+    Renewal,
 }
 
 /// How hard an acquire tries.
@@ -178,7 +199,9 @@ pub trait Protocol: Clone + fmt::Debug + Eq + std::hash::Hash {
     fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError>;
     /// Start releasing the current hold.
     fn release(&mut self, now: Millis) -> Result<(), UsageError>;
-    /// Start extending the current hold by the configured TTL.
+    /// Start extending the current hold by the configured TTL. While an
+    /// automatic renewal is in flight, join it instead of sending another
+    /// request: its reply concludes this extend ([`Extension::Extend`]).
     fn extend(&mut self, now: Millis) -> Result<(), UsageError>;
     /// A reply, or an unknown outcome, for request `id`. Replies to requests
     /// the machine no longer waits for are ignored.

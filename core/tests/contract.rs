@@ -17,7 +17,8 @@ use lockwright_core::keyspace::{
     Command, ConnId, Keyspace, ScoreBound, Script, SetCondition, SetExpiry,
 };
 use lockwright_core::{
-    Acquire, ClockUse, Config, Machine, Millis, Outcome, Protocol, ProtocolId, Request, Token,
+    Acquire, ClockUse, Config, Extension, Machine, Millis, Outcome, Protocol, ProtocolId, Request,
+    Token,
 };
 use std::collections::BTreeSet;
 
@@ -690,4 +691,97 @@ fn a_machine_waits_only_for_its_latest_request_to_each_node() {
     // reply: the checks in the walk are not vacuous.
     assert!(pipelined.contains(&ProtocolId::Reentrant), "{pipelined:?}");
     assert!(pipelined.len() > 1, "{pipelined:?}");
+}
+
+/// Acquire with automatic renewal on, then let time pass until the machine
+/// sends a request nobody asked for: its renewal. `None` for a protocol
+/// that does not renew (or does not grant on an empty node).
+fn renewal_in_flight(id: ProtocolId) -> Option<(Machine, Vec<Keyspace>, Request, Millis)> {
+    let config = Config {
+        auto_renew: true,
+        ..config(id, 0)
+    };
+    let mut m = Machine::new(id, &config, Token("me".into())).expect("valid config");
+    let mut nodes: Vec<Keyspace> = (0..config.nodes).map(|_| Keyspace::new()).collect();
+    let mut now = Millis(SERVER_BASE);
+    m.acquire(now, Acquire::Once).expect("idle");
+    let mut acquired = false;
+    while let Some(request) = m.poll_transmit() {
+        let reply = nodes[usize::from(request.node.0)].execute(ConnId(0), now, &request.command);
+        m.handle_reply(now, request.id, Outcome::Reply(reply));
+        acquired |= std::iter::from_fn(|| m.poll_event())
+            .any(|e| matches!(e, lockwright_core::Event::Acquired(_)));
+    }
+    if !acquired {
+        // `watch-semaphore` needs its max size on the server first; it
+        // grants permits that never expire, so it does not renew anyway.
+        return None;
+    }
+    let first = m.poll_timeout()?;
+    // A renewal comes before the lease runs out.
+    let valid_until = m.lease()?.valid_until;
+    if first >= valid_until {
+        return None;
+    }
+    now = first;
+    m.handle_timeout(now);
+    let renewal = m.poll_transmit()?;
+    Some((m, nodes, renewal, now))
+}
+
+#[test]
+fn an_extend_during_a_renewal_joins_it() {
+    let mut renewing = BTreeSet::new();
+    for id in ProtocolId::all() {
+        let Some((mut m, mut nodes, renewal, now)) = renewal_in_flight(id) else {
+            continue;
+        };
+        renewing.insert(id);
+        // The application's extend neither fails nor sends a second request.
+        assert_eq!(m.extend(now), Ok(()), "{id}");
+        assert_eq!(m.poll_transmit(), None, "{id}: joined, not sent again");
+        let reply = nodes[usize::from(renewal.node.0)].execute(ConnId(0), now, &renewal.command);
+        m.handle_reply(now, renewal.id, Outcome::Reply(reply));
+        let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        assert!(
+            matches!(
+                events.as_slice(),
+                [lockwright_core::Event::Extended {
+                    by: Extension::Extend,
+                    ..
+                }]
+            ),
+            "{id}: the renewal's reply concludes the extend: {events:?}"
+        );
+    }
+    assert!(renewing.contains(&ProtocolId::Reentrant), "{renewing:?}");
+    assert!(
+        renewing.contains(&ProtocolId::LeaseSemaphore),
+        "{renewing:?}"
+    );
+}
+
+#[test]
+fn a_renewal_nobody_asked_for_says_so() {
+    for id in ProtocolId::all() {
+        let Some((mut m, mut nodes, renewal, now)) = renewal_in_flight(id) else {
+            continue;
+        };
+        let reply = nodes[usize::from(renewal.node.0)].execute(ConnId(0), now, &renewal.command);
+        m.handle_reply(now, renewal.id, Outcome::Reply(reply));
+        let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        assert!(
+            matches!(
+                events.as_slice(),
+                [lockwright_core::Event::Extended {
+                    by: Extension::Renewal,
+                    ..
+                }]
+            ),
+            "{id}: {events:?}"
+        );
+        // With no renewal in flight, extend sends its own request.
+        assert_eq!(m.extend(now), Ok(()), "{id}");
+        assert!(m.poll_transmit().is_some(), "{id}: extend sends");
+    }
 }

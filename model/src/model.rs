@@ -712,7 +712,7 @@ impl LockModel {
                     client.waiting_since = None;
                     client.phase = Phase::Holding(lease);
                 }
-                Event::Extended(lease) => match client.phase {
+                Event::Extended { lease, .. } => match client.phase {
                     Phase::Holding(_) => client.phase = Phase::Holding(lease),
                     Phase::Checked(_) => client.phase = Phase::Checked(lease),
                     _ => {}
@@ -721,7 +721,7 @@ impl LockModel {
                     client.waiting_since = None;
                     client.phase = Phase::Done;
                 }
-                Event::NotExtended => {}
+                Event::NotExtended { .. } => {}
             }
         }
     }

@@ -68,8 +68,8 @@ use crate::engine::{Scaffold, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
-    UsageError,
+    Acquire, Event, Extension, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -411,11 +411,16 @@ impl Redlock {
             State::Extending { round, lease } => match self.verdict(now, &round) {
                 Some(new) => {
                     self.hold(new.clone());
-                    self.base.out.emit(Event::Extended(new));
+                    self.base.out.emit(Event::Extended {
+                        lease: new,
+                        by: Extension::Extend,
+                    });
                 }
                 // Never release on a failed extend: the old lease stands.
                 None => {
-                    self.base.out.emit(Event::NotExtended);
+                    self.base.out.emit(Event::NotExtended {
+                        by: Extension::Extend,
+                    });
                     if lease.valid_until <= now {
                         self.go_idle();
                         self.base.out.emit(Event::Lost);
@@ -887,7 +892,12 @@ mod tests {
         l.handle_reply(Millis(51), sent[2].id, Outcome::Unknown);
         let (sent, events) = drain(&mut l);
         assert_eq!(sent, [], "a failed extend must not release");
-        assert_eq!(events, [Event::NotExtended]);
+        assert_eq!(
+            events,
+            [Event::NotExtended {
+                by: Extension::Extend
+            }]
+        );
         assert_eq!(l.lease(), Some(&lease));
         assert_eq!(l.poll_timeout(), Some(Millis(97)));
         l.handle_timeout(Millis(97));
@@ -909,7 +919,7 @@ mod tests {
         l.handle_reply(Millis(62), sent[1].id, Outcome::Reply(Reply::Int(1)));
         l.handle_reply(Millis(62), sent[2].id, Outcome::Reply(Reply::Int(1)));
         let (_, events) = drain(&mut l);
-        let Some(Event::Extended(lease)) = events.first() else {
+        let Some(Event::Extended { lease, .. }) = events.first() else {
             panic!("{events:?}")
         };
         assert_eq!(lease.valid_until, Millis(60 + 97));

@@ -161,7 +161,7 @@ impl Guard {
     pub fn extend(&mut self) -> Result<bool, Error> {
         self.driver.machine.extend(now())?;
         match self.driver.run()? {
-            Event::Extended(lease) => {
+            Event::Extended { lease, .. } => {
                 self.lease = lease;
                 Ok(true)
             }
