@@ -286,6 +286,37 @@ impl Scaffold {
     }
 }
 
+/// Where a machine stands, for the usage checks its mutators make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Nothing held, nothing in flight.
+    Idle,
+    /// Held, nothing in flight.
+    Held,
+    /// An operation is in flight.
+    Busy,
+}
+
+impl Standing {
+    /// `acquire` starts only from idle.
+    pub(crate) fn may_acquire(self) -> Result<(), UsageError> {
+        match self {
+            Standing::Idle => Ok(()),
+            Standing::Held => Err(UsageError::AlreadyHeld),
+            Standing::Busy => Err(UsageError::Busy),
+        }
+    }
+
+    /// `release` and `extend` start only from a hold.
+    pub(crate) fn may_use_hold(self) -> Result<(), UsageError> {
+        match self {
+            Standing::Held => Ok(()),
+            Standing::Idle => Err(UsageError::NotHeld),
+            Standing::Busy => Err(UsageError::Busy),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Requests of an embedded machine.
 // ---------------------------------------------------------------------------
@@ -691,6 +722,14 @@ impl<R: Recipe> Engine<R> {
         }
     }
 
+    fn standing(&self) -> Standing {
+        match self.state {
+            State::Idle => Standing::Idle,
+            State::Held { .. } => Standing::Held,
+            _ => Standing::Busy,
+        }
+    }
+
     fn go_idle(&mut self) {
         self.base.timers.clear_all();
         self.state = State::Idle;
@@ -1048,11 +1087,7 @@ impl<R: Recipe> Engine<R> {
 
 impl<R: Recipe> Protocol for Engine<R> {
     fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        match self.state {
-            State::Idle => {}
-            State::Held { .. } => return Err(UsageError::AlreadyHeld),
-            _ => return Err(UsageError::Busy),
-        }
+        self.standing().may_acquire()?;
         self.base.backoff.reset();
         self.attempt(now, how);
         Ok(())
@@ -1182,7 +1217,7 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn is_busy(&self) -> bool {
-        !matches!(self.state, State::Idle | State::Held { .. })
+        self.standing() == Standing::Busy
     }
 }
 
@@ -1307,6 +1342,17 @@ mod tests {
             [Timer::Retry, Timer::Expiry, Timer::Reply]
         );
         assert_eq!(t.next(), None);
+    }
+
+    #[test]
+    fn usage_checks_follow_the_standing() {
+        use Standing::{Busy, Held, Idle};
+        assert_eq!(Idle.may_acquire(), Ok(()));
+        assert_eq!(Held.may_acquire(), Err(UsageError::AlreadyHeld));
+        assert_eq!(Busy.may_acquire(), Err(UsageError::Busy));
+        assert_eq!(Held.may_use_hold(), Ok(()));
+        assert_eq!(Idle.may_use_hold(), Err(UsageError::NotHeld));
+        assert_eq!(Busy.may_use_hold(), Err(UsageError::Busy));
     }
 
     #[test]

@@ -64,7 +64,7 @@
 //! node at a time.
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{Scaffold, Timer};
+use crate::engine::{Scaffold, Standing, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
@@ -467,6 +467,14 @@ impl Redlock {
 
     /// A failed, cleaned-up attempt: retry after a jittered delay if the
     /// deadline allows, else deny.
+    fn standing(&self) -> Standing {
+        match self.state {
+            State::Idle => Standing::Idle,
+            State::Held { .. } => Standing::Held,
+            _ => Standing::Busy,
+        }
+    }
+
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
         self.state = if self.base.retry_or_deny(now, how) {
             State::BackingOff { how }
@@ -478,32 +486,24 @@ impl Redlock {
 
 impl Protocol for Redlock {
     fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        match self.state {
-            State::Idle => {}
-            State::Held { .. } => return Err(UsageError::AlreadyHeld),
-            _ => return Err(UsageError::Busy),
-        }
+        self.standing().may_acquire()?;
         self.base.backoff.reset();
         self.start_acquire(now, how);
         Ok(())
     }
 
     fn release(&mut self, now: Millis) -> Result<(), UsageError> {
-        match self.state {
-            State::Held { .. } => {}
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
-        }
+        self.standing().may_use_hold()?;
         self.start_release(now, Then::Report);
         Ok(())
     }
 
     fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
-        let lease = match &self.state {
-            State::Held { lease } => lease.clone(),
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
+        self.standing().may_use_hold()?;
+        let State::Held { lease } = &self.state else {
+            return Err(UsageError::Busy);
         };
+        let lease = lease.clone();
         // The expiry timer of the old lease stays armed.
         let round = self.start_round(now, Op::Extend);
         self.state = State::Extending { round, lease };
@@ -584,7 +584,7 @@ impl Protocol for Redlock {
     }
 
     fn is_busy(&self) -> bool {
-        !matches!(self.state, State::Idle | State::Held { .. })
+        self.standing() == Standing::Busy
     }
 }
 
