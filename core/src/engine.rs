@@ -998,10 +998,14 @@ impl<R: Recipe> Engine<R> {
                 } else {
                     Extension::Extend
                 };
+                let failed = |e| match by {
+                    Extension::Extend => Event::Failed(e),
+                    Extension::Renewal => Event::RenewalFailed(e),
+                };
                 let reply = match reply {
                     Ok(reply) => reply,
                     Err(None) => return self.hold_on(now, lease, Event::NotExtended { by }),
-                    Err(Some(e)) => return self.hold_on(now, lease, Event::Failed(e)),
+                    Err(Some(e)) => return self.hold_on(now, lease, failed(e)),
                 };
                 match self.recipe.advance(Op::Extend, step, reply, now) {
                     Next::Send(command, step) => {
@@ -1024,11 +1028,11 @@ impl<R: Recipe> Engine<R> {
                         self.base.out.emit(Event::Lost);
                     }
                     Next::LostUndo => self.start_release(now, lease, Then::Lost),
-                    Next::Failed(e) => self.hold_on(now, lease, Event::Failed(e)),
+                    Next::Failed(e) => self.hold_on(now, lease, failed(e)),
                     _ => self.hold_on(
                         now,
                         lease,
-                        Event::Failed(ProtocolError::Missing("a recipe step".into())),
+                        failed(ProtocolError::Missing("a recipe step".into())),
                     ),
                 }
             }

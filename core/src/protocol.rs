@@ -151,9 +151,15 @@ pub enum Event {
     },
     /// The hold is gone: validity ran out, or renewal found it taken.
     Lost,
-    /// The operation failed with an error; the machine is idle again (any
-    /// partial hold it may have left on a node is being released).
+    /// The application's operation failed with an error. After an acquire
+    /// or a release the machine is idle again (any partial hold it may have
+    /// left on a node is being released); after an extend the old lease
+    /// still stands until its `valid_until`.
     Failed(ProtocolError),
+    /// An automatic renewal got an error reply. The old lease still stands
+    /// until its `valid_until`, and renewal tries again; no operation of
+    /// the application is concluded by this.
+    RenewalFailed(ProtocolError),
 }
 
 /// Which operation an [`Event::Extended`] or [`Event::NotExtended`]

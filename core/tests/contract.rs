@@ -785,3 +785,35 @@ fn a_renewal_nobody_asked_for_says_so() {
         assert!(m.poll_transmit().is_some(), "{id}: extend sends");
     }
 }
+
+#[test]
+fn an_error_reply_to_a_renewal_concludes_no_operation_of_the_application() {
+    let error = || Outcome::Reply(lockwright_core::keyspace::Reply::Error("ERR boom".into()));
+    let mut renewing = 0;
+    for id in ProtocolId::all() {
+        let Some((mut m, _, renewal, now)) = renewal_in_flight(id) else {
+            continue;
+        };
+        renewing += 1;
+        let mut joined = m.clone();
+        m.handle_reply(now, renewal.id, error());
+        let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        assert!(
+            matches!(
+                events.as_slice(),
+                [lockwright_core::Event::RenewalFailed(_)]
+            ),
+            "{id}: {events:?}"
+        );
+        assert!(m.lease().is_some(), "{id}: the old lease stands");
+        // Joined by the application's extend, the same reply fails the extend.
+        assert_eq!(joined.extend(now), Ok(()), "{id}");
+        joined.handle_reply(now, renewal.id, error());
+        let events: Vec<_> = std::iter::from_fn(|| joined.poll_event()).collect();
+        assert!(
+            matches!(events.as_slice(), [lockwright_core::Event::Failed(_)]),
+            "{id}: {events:?}"
+        );
+    }
+    assert!(renewing >= 2);
+}

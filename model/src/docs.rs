@@ -991,6 +991,7 @@ fn event_text(e: &Event) -> String {
         Event::NotExtended { .. } => "NotExtended".into(),
         Event::Lost => "Lost".into(),
         Event::Failed(err) => format!("Failed: {err}"),
+        Event::RenewalFailed(err) => format!("RenewalFailed: {err}"),
     }
 }
 

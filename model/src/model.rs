@@ -717,7 +717,11 @@ impl LockModel {
                     Phase::Checked(_) => client.phase = Phase::Checked(lease),
                     _ => {}
                 },
-                Event::Denied | Event::Lost | Event::Failed(_) | Event::Released { .. } => {
+                Event::Denied
+                | Event::Lost
+                | Event::Failed(_)
+                | Event::RenewalFailed(_)
+                | Event::Released { .. } => {
                     client.waiting_since = None;
                     client.phase = Phase::Done;
                 }

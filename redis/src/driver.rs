@@ -831,6 +831,12 @@ impl Driver {
             (Event::Failed(e), Pending::Extend(done) | Pending::Reenter(done)) => {
                 drop(done.send(Err(e.into())))
             }
+            (Event::RenewalFailed(e), pending) => {
+                // The hold stands until its validity; the next renewal tries
+                // again. No operation of the caller ends here.
+                tracing::warn!(error = %e, "renewal failed");
+                self.pending = pending;
+            }
             (Event::Failed(e), Pending::Cleanup) => {
                 tracing::warn!(error = %e, "cleanup release failed")
             }
@@ -863,6 +869,7 @@ fn event_name(event: &Event) -> &'static str {
         Event::NotExtended { .. } => "not extended",
         Event::Lost => "lost",
         Event::Failed(_) => "failed",
+        Event::RenewalFailed(_) => "renewal failed",
     }
 }
 

@@ -418,7 +418,13 @@ impl Reentrant {
             }
             Outcome::Reply(Reply::Int(0)) => return self.lose(),
             Outcome::Unknown => Event::NotExtended { by },
-            Outcome::Reply(reply) => Event::Failed(Self::unexpected("reentrant-renew", reply)),
+            Outcome::Reply(reply) => {
+                let error = Self::unexpected("reentrant-renew", reply);
+                match by {
+                    Extension::Extend => Event::Failed(error),
+                    Extension::Renewal => Event::RenewalFailed(error),
+                }
+            }
         };
         // The old lease stands until its validity; try again later.
         if now >= old {
@@ -988,7 +994,7 @@ mod tests {
         assert!(
             matches!(
                 events.as_slice(),
-                [Event::Failed(ProtocolError::UnexpectedReply {
+                [Event::RenewalFailed(ProtocolError::UnexpectedReply {
                     request: "reentrant-renew",
                     ..
                 })]

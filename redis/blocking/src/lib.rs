@@ -211,7 +211,8 @@ impl Driver {
                     }
                     | Event::NotExtended {
                         by: Extension::Renewal,
-                    } => {}
+                    }
+                    | Event::RenewalFailed(_) => {}
                     Event::Failed(e) => return Err(e.into()),
                     concluded if self.machine.is_busy() => drop(concluded),
                     concluded => return Ok(concluded),
