@@ -22,8 +22,8 @@ use crate::catalogue::Machine;
 use crate::config::{Config, ConfigError};
 use crate::keyspace::{Command, Reply};
 use crate::protocol::{
-    Acquire, Event, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
-    Token, UsageError,
+    Acquire, Event, Extension, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request,
+    RequestId, Token, UsageError,
 };
 use crate::sim::SplitMix64;
 use crate::time::Millis;
@@ -169,7 +169,6 @@ impl TimerTable {
     }
 
     /// When `timer` fires, if armed.
-    #[cfg(test)]
     pub(crate) fn get(&self, timer: Timer) -> Option<Millis> {
         self.at[timer as usize]
     }
@@ -284,6 +283,37 @@ impl Scaffold {
     /// The earliest armed deadline.
     pub(crate) fn poll_timeout(&self) -> Option<Millis> {
         self.timers.next()
+    }
+}
+
+/// Where a machine stands, for the usage checks its mutators make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Nothing held, nothing in flight.
+    Idle,
+    /// Held, nothing in flight.
+    Held,
+    /// An operation is in flight.
+    Busy,
+}
+
+impl Standing {
+    /// `acquire` starts only from idle.
+    pub(crate) fn may_acquire(self) -> Result<(), UsageError> {
+        match self {
+            Standing::Idle => Ok(()),
+            Standing::Held => Err(UsageError::AlreadyHeld),
+            Standing::Busy => Err(UsageError::Busy),
+        }
+    }
+
+    /// `release` and `extend` start only from a hold.
+    pub(crate) fn may_use_hold(self) -> Result<(), UsageError> {
+        match self {
+            Standing::Held => Ok(()),
+            Standing::Idle => Err(UsageError::NotHeld),
+            Standing::Busy => Err(UsageError::Busy),
+        }
     }
 }
 
@@ -692,6 +722,14 @@ impl<R: Recipe> Engine<R> {
         }
     }
 
+    fn standing(&self) -> Standing {
+        match self.state {
+            State::Idle => Standing::Idle,
+            State::Held { .. } => Standing::Held,
+            _ => Standing::Busy,
+        }
+    }
+
     fn go_idle(&mut self) {
         self.base.timers.clear_all();
         self.state = State::Idle;
@@ -955,10 +993,19 @@ impl<R: Recipe> Engine<R> {
                 automatic,
                 ..
             } => {
+                let by = if automatic {
+                    Extension::Renewal
+                } else {
+                    Extension::Extend
+                };
+                let failed = |e| match by {
+                    Extension::Extend => Event::Failed(e),
+                    Extension::Renewal => Event::RenewalFailed(e),
+                };
                 let reply = match reply {
                     Ok(reply) => reply,
-                    Err(None) => return self.hold_on(now, lease, Event::NotExtended),
-                    Err(Some(e)) => return self.hold_on(now, lease, Event::Failed(e)),
+                    Err(None) => return self.hold_on(now, lease, Event::NotExtended { by }),
+                    Err(Some(e)) => return self.hold_on(now, lease, failed(e)),
                 };
                 match self.recipe.advance(Op::Extend, step, reply, now) {
                     Next::Send(command, step) => {
@@ -974,18 +1021,18 @@ impl<R: Recipe> Engine<R> {
                     Next::Done { ours: true } => {
                         let lease = self.lease_from(sent_at, lease.fence);
                         self.hold(lease.clone(), sent_at);
-                        self.base.out.emit(Event::Extended(lease));
+                        self.base.out.emit(Event::Extended { lease, by });
                     }
                     Next::Done { ours: false } => {
                         self.go_idle();
                         self.base.out.emit(Event::Lost);
                     }
                     Next::LostUndo => self.start_release(now, lease, Then::Lost),
-                    Next::Failed(e) => self.hold_on(now, lease, Event::Failed(e)),
+                    Next::Failed(e) => self.hold_on(now, lease, failed(e)),
                     _ => self.hold_on(
                         now,
                         lease,
-                        Event::Failed(ProtocolError::Missing("a recipe step".into())),
+                        failed(ProtocolError::Missing("a recipe step".into())),
                     ),
                 }
             }
@@ -1044,11 +1091,7 @@ impl<R: Recipe> Engine<R> {
 
 impl<R: Recipe> Protocol for Engine<R> {
     fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        match self.state {
-            State::Idle => {}
-            State::Held { .. } => return Err(UsageError::AlreadyHeld),
-            _ => return Err(UsageError::Busy),
-        }
+        self.standing().may_acquire()?;
         self.base.backoff.reset();
         self.attempt(now, how);
         Ok(())
@@ -1077,13 +1120,22 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
-        let lease = match &self.state {
+        let lease = match &mut self.state {
             State::Held { lease, .. } => lease.clone(),
+            // Join the automatic renewal in flight: its reply concludes
+            // this extend.
+            State::Extending { automatic, .. } if *automatic => {
+                *automatic = false;
+                return Ok(());
+            }
             State::Idle => return Err(UsageError::NotHeld),
             _ => return Err(UsageError::Busy),
         };
         if !R::EXTENDS {
-            self.base.out.emit(Event::Extended(lease));
+            self.base.out.emit(Event::Extended {
+                lease,
+                by: Extension::Extend,
+            });
             return Ok(());
         }
         if self.recipe.gone(Op::Extend, &lease, now) {
@@ -1169,7 +1221,7 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn is_busy(&self) -> bool {
-        !matches!(self.state, State::Idle | State::Held { .. })
+        self.standing() == Standing::Busy
     }
 }
 
@@ -1294,6 +1346,17 @@ mod tests {
             [Timer::Retry, Timer::Expiry, Timer::Reply]
         );
         assert_eq!(t.next(), None);
+    }
+
+    #[test]
+    fn usage_checks_follow_the_standing() {
+        use Standing::{Busy, Held, Idle};
+        assert_eq!(Idle.may_acquire(), Ok(()));
+        assert_eq!(Held.may_acquire(), Err(UsageError::AlreadyHeld));
+        assert_eq!(Busy.may_acquire(), Err(UsageError::Busy));
+        assert_eq!(Held.may_use_hold(), Ok(()));
+        assert_eq!(Idle.may_use_hold(), Err(UsageError::NotHeld));
+        assert_eq!(Busy.may_use_hold(), Err(UsageError::Busy));
     }
 
     #[test]

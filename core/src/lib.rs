@@ -71,7 +71,7 @@ pub use catalogue::{
 };
 pub use config::{Config, ConfigError};
 pub use protocol::{
-    Acquire, Event, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
-    Token, UsageError,
+    Acquire, Event, Extension, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request,
+    RequestId, Token, UsageError,
 };
 pub use time::Millis;

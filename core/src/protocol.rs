@@ -12,7 +12,21 @@
 //!    each [`Request`] on its node, drain [`Protocol::poll_event`] until
 //!    `None`, then re-arm one timer at [`Protocol::poll_timeout`].
 //!
+//! **Order per node.** A node MUST run one machine's requests in the order
+//! [`Protocol::poll_transmit`] gave them; a driver MAY pipeline them (write
+//! the next before the previous reply has come) on one connection, whose
+//! replies come back in that order. Replies are handed back as they arrive;
+//! replies from different nodes may come back in any order. A machine sends
+//! to a node again while an earlier request there is in flight only when it
+//! no longer waits for the earlier one (its reply is then ignored) or, in
+//! `reentrant`, when its background renewal and a nested operation run
+//! together.
+//!
 //! Every call that needs the time takes `now`, the caller's monotonic clock.
+//! Where [`ProtocolId::clock`](crate::catalogue::ProtocolId::clock) is
+//! [`ClockUse::Shared`](crate::catalogue::ClockUse::Shared), the protocol
+//! writes `now` to Redis for other clients to compare, so `now` must also be
+//! a clock all clients share (Unix milliseconds, read monotonically).
 //! A machine never performs I/O, never reads a clock and never draws random
 //! numbers: owner tokens are given to it and jitter comes from a seeded
 //! generator in its state.
@@ -123,15 +137,42 @@ pub enum Event {
         was_held: bool,
     },
     /// The hold was extended; the new lease replaces the old one.
-    Extended(Lease),
+    Extended {
+        /// The new lease.
+        lease: Lease,
+        /// The application's [`Protocol::extend`] or an automatic renewal.
+        by: Extension,
+    },
     /// An extend did not succeed; the old lease still stands until its
     /// `valid_until` (an extend never silently releases).
-    NotExtended,
+    NotExtended {
+        /// The application's [`Protocol::extend`] or an automatic renewal.
+        by: Extension,
+    },
     /// The hold is gone: validity ran out, or renewal found it taken.
     Lost,
-    /// The operation failed with an error; the machine is idle again (any
-    /// partial hold it may have left on a node is being released).
+    /// The application's operation failed with an error. After an acquire
+    /// or a release the machine is idle again (any partial hold it may have
+    /// left on a node is being released); after an extend the old lease
+    /// still stands until its `valid_until`.
     Failed(ProtocolError),
+    /// An automatic renewal got an error reply. The old lease still stands
+    /// until its `valid_until`, and renewal tries again; no operation of
+    /// the application is concluded by this.
+    RenewalFailed(ProtocolError),
+}
+
+/// Which operation an [`Event::Extended`] or [`Event::NotExtended`]
+/// concludes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Extension {
+    /// The application's [`Protocol::extend`]. An `extend` called while an
+    /// automatic renewal is in flight joins it: the renewal's reply
+    /// concludes the `extend`, and is reported as this.
+    Extend,
+    /// An automatic renewal (`Config::auto_renew`) that the application did
+    /// not ask for.
+    Renewal,
 }
 
 /// How hard an acquire tries.
@@ -164,7 +205,9 @@ pub trait Protocol: Clone + fmt::Debug + Eq + std::hash::Hash {
     fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError>;
     /// Start releasing the current hold.
     fn release(&mut self, now: Millis) -> Result<(), UsageError>;
-    /// Start extending the current hold by the configured TTL.
+    /// Start extending the current hold by the configured TTL. While an
+    /// automatic renewal is in flight, join it instead of sending another
+    /// request: its reply concludes this extend ([`Extension::Extend`]).
     fn extend(&mut self, now: Millis) -> Result<(), UsageError>;
     /// A reply, or an unknown outcome, for request `id`. Replies to requests
     /// the machine no longer waits for are ignored.

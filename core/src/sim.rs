@@ -447,7 +447,7 @@ impl History {
             let Some(client) = entry.client else { continue };
             let t = entry.at.0;
             let lease: Option<&Lease> = match &entry.what {
-                What::Event(Event::Acquired(l) | Event::Extended(l)) => Some(l),
+                What::Event(Event::Acquired(l) | Event::Extended { lease: l, .. }) => Some(l),
                 What::ReleaseCalled
                 | What::ClientCrashed
                 | What::Event(Event::Lost | Event::Released { .. }) => None,
@@ -1115,7 +1115,7 @@ impl Sim {
                 self.clients[client].app = App::Holding { hold_end };
                 self.schedule_app_at(client, hold_end.min(lease.valid_until));
             }
-            (App::Holding { hold_end }, Event::Extended(lease)) => {
+            (App::Holding { hold_end }, Event::Extended { lease, .. }) => {
                 self.schedule_app_at(client, hold_end.min(lease.valid_until));
             }
             (App::Acquiring, Event::Denied | Event::Failed(_))

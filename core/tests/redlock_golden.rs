@@ -39,7 +39,9 @@
 
 use lockwright_core::keyspace::{Command, ConnId, Keyspace, Reply, SetCondition, SetExpiry};
 use lockwright_core::locks::redlock::{decide, Decision, Redlock};
-use lockwright_core::{Acquire, Config, Event, Millis, Outcome, Protocol, Request, Token};
+use lockwright_core::{
+    Acquire, Config, Event, Extension, Millis, Outcome, Protocol, Request, Token,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -130,7 +132,15 @@ fn parse_outcome(word: &str) -> Result<Outcome, String> {
 fn fmt_event(event: &Event) -> String {
     match event {
         Event::Acquired(lease) => format!("Acquired valid_until={}", lease.valid_until.get()),
-        Event::Extended(lease) => format!("Extended valid_until={}", lease.valid_until.get()),
+        // RedLock has no automatic renewal: every extension is `extend`'s.
+        Event::Extended { lease, by } => {
+            assert_eq!(*by, Extension::Extend);
+            format!("Extended valid_until={}", lease.valid_until.get())
+        }
+        Event::NotExtended { by } => {
+            assert_eq!(*by, Extension::Extend);
+            "NotExtended".to_owned()
+        }
         other => format!("{other:?}"),
     }
 }

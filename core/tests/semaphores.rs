@@ -7,8 +7,8 @@ use lockwright_core::keyspace::{Command, ConnId, Keyspace, Reply};
 use lockwright_core::semaphores::{lease_semaphore, watch_semaphore};
 use lockwright_core::stampede::{StampedeEvent, StampedeGuard};
 use lockwright_core::{
-    Acquire, Config, ConfigError, Event, Fence, Machine, Millis, Outcome, Protocol, ProtocolError,
-    ProtocolId, Request, Token,
+    Acquire, Config, ConfigError, Event, Extension, Fence, Machine, Millis, Outcome, Protocol,
+    ProtocolError, ProtocolId, Request, Token,
 };
 use proptest::prelude::*;
 use std::collections::{HashSet, VecDeque};
@@ -281,7 +281,11 @@ fn every_semaphore_extends_a_held_permit() {
         w.tick(300);
         w.extend(0);
         w.run(0);
-        let Some(Event::Extended(second)) = w.last_event(0).cloned() else {
+        let Some(Event::Extended {
+            lease: second,
+            by: Extension::Extend,
+        }) = w.last_event(0).cloned()
+        else {
             panic!("{id}: {:?}", w.clients[0].events)
         };
         if id == ProtocolId::WatchSemaphore {
@@ -355,7 +359,13 @@ fn lease_semaphore_renews_itself_at_a_third_of_the_ttl() {
     w.run(0);
     assert_eq!(w.clients[0].machine.poll_timeout(), Some(Millis(T0 + 333)));
     w.settle(5_000);
-    assert!(matches!(w.last_event(0), Some(Event::Extended(_))));
+    assert!(matches!(
+        w.last_event(0),
+        Some(Event::Extended {
+            by: Extension::Renewal,
+            ..
+        })
+    ));
     assert_eq!(w.holders(), 1);
     // Still held long after the first TTL: the other client is denied.
     w.acquire(1, Acquire::Once);

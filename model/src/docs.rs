@@ -988,10 +988,11 @@ fn event_text(e: &Event) -> String {
         Event::Acquired(l) => format!("Acquired, {}", lease_text(l)),
         Event::Denied => "Denied".into(),
         Event::Released { was_held } => format!("Released {{ was_held: {was_held} }}"),
-        Event::Extended(l) => format!("Extended, {}", lease_text(l)),
-        Event::NotExtended => "NotExtended".into(),
+        Event::Extended { lease: l, .. } => format!("Extended, {}", lease_text(l)),
+        Event::NotExtended { .. } => "NotExtended".into(),
         Event::Lost => "Lost".into(),
         Event::Failed(err) => format!("Failed: {err}"),
+        Event::RenewalFailed(err) => format!("RenewalFailed: {err}"),
     }
 }
 

@@ -743,7 +743,7 @@ impl LockModel {
                     client.waiting_since = None;
                     client.phase = Phase::Holding(lease);
                 }
-                Event::Extended(lease) => match client.phase {
+                Event::Extended { lease, .. } => match client.phase {
                     Phase::Holding(_) => client.phase = Phase::Holding(lease),
                     Phase::Checked(_) => client.phase = Phase::Checked(lease),
                     _ => {}
@@ -756,11 +756,15 @@ impl LockModel {
                 Event::Denied | Event::Failed(_) if matches!(client.phase, Phase::Acquiring) => {
                     client.phase = Phase::Done;
                 }
-                Event::Denied | Event::Lost | Event::Failed(_) | Event::Released { .. } => {
+                Event::Denied
+                | Event::Lost
+                | Event::Failed(_)
+                | Event::RenewalFailed(_)
+                | Event::Released { .. } => {
                     client.waiting_since = None;
                     client.phase = Phase::Done;
                 }
-                Event::NotExtended => {}
+                Event::NotExtended { .. } => {}
             }
         }
     }

@@ -31,7 +31,9 @@ use crate::clock::clock;
 use crate::conn::{Failure, Finished, Io, Route};
 use crate::error::{Error, Operation};
 use crate::lease_cell::LeaseCell;
-use lockwright_core::{Acquire, Event, Lease, Machine, Millis, Outcome, Protocol, Request};
+use lockwright_core::{
+    Acquire, Event, Extension, Lease, Machine, Millis, Outcome, Protocol, Request,
+};
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
@@ -775,18 +777,23 @@ impl Driver {
                 drop(done.send(result));
             }
             (Event::Released { .. }, Pending::Cleanup) => {}
-            (Event::Extended(lease), pending) => {
+            (Event::Extended { lease, by }, pending) => {
                 if let Some(cell) = &self.cell {
                     if let Some(version) = cell.begin_renewal() {
                         cell.renewed(version, lease.valid_until);
                     }
                 }
-                match pending {
-                    Pending::Extend(done) => drop(done.send(Ok(lease))),
-                    other => self.pending = other,
+                match (by, pending) {
+                    (Extension::Extend, Pending::Extend(done)) => drop(done.send(Ok(lease))),
+                    (_, other) => self.pending = other,
                 }
             }
-            (Event::NotExtended, Pending::Extend(done)) => {
+            (
+                Event::NotExtended {
+                    by: Extension::Extend,
+                },
+                Pending::Extend(done),
+            ) => {
                 let result = self.unless_unanswered(Operation::Extend, ());
                 drop(done.send(result.and(Err(Error::NotExtended))));
             }
@@ -824,6 +831,12 @@ impl Driver {
             (Event::Failed(e), Pending::Extend(done) | Pending::Reenter(done)) => {
                 drop(done.send(Err(e.into())))
             }
+            (Event::RenewalFailed(e), pending) => {
+                // The hold stands until its validity; the next renewal tries
+                // again. No operation of the caller ends here.
+                tracing::warn!(error = %e, "renewal failed");
+                self.pending = pending;
+            }
             (Event::Failed(e), Pending::Cleanup) => {
                 tracing::warn!(error = %e, "cleanup release failed")
             }
@@ -845,10 +858,18 @@ fn event_name(event: &Event) -> &'static str {
         Event::Denied => "denied",
         Event::Released { was_held: true } => "released",
         Event::Released { was_held: false } => "released (was gone)",
-        Event::Extended(_) => "extended",
-        Event::NotExtended => "not extended",
+        Event::Extended {
+            by: Extension::Renewal,
+            ..
+        } => "renewed",
+        Event::Extended { .. } => "extended",
+        Event::NotExtended {
+            by: Extension::Renewal,
+        } => "not renewed",
+        Event::NotExtended { .. } => "not extended",
         Event::Lost => "lost",
         Event::Failed(_) => "failed",
+        Event::RenewalFailed(_) => "renewal failed",
     }
 }
 

@@ -7,16 +7,16 @@ use lockwright_core::keyspace::{Command, Reply};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Value};
 
-/// The Redis command for a core [`Command`], from the core's own argument
-/// vector ([`Command::argv`]): `EVALSHA` for a script. A
-/// [`Command::Transaction`] is several commands: see [`execute`].
-pub fn to_cmd(command: &Command) -> Cmd {
-    match command.argv() {
-        Some(argv) => from_argv(&argv),
-        // Sent as a MULTI..EXEC pipeline by `execute`; on its own it is just
-        // the EXEC that would close it.
-        None => redis::cmd("EXEC"),
-    }
+/// The Redis commands written for a core [`Command`], in order: its
+/// argument vectors ([`Command::frames`]), so `MULTI`, the inner commands and
+/// `EXEC` for a [`Command::Transaction`], `EVALSHA` for a script. The
+/// command's reply is the reply to the last one.
+pub fn to_cmds(command: &Command) -> Vec<Cmd> {
+    command
+        .frames()
+        .iter()
+        .map(|argv| from_argv(argv))
+        .collect()
 }
 
 fn from_argv(argv: &[String]) -> Cmd {
@@ -80,39 +80,49 @@ fn is_noscript(result: &Result<Value, RedisError>) -> bool {
 
 /// Run one core command on `conn` and return Redis' raw answer.
 ///
-/// [`Command::Transaction`] runs as one `MULTI … EXEC` pipeline and answers
-/// with `EXEC`'s reply (an array, or nil when a watched key changed).
-/// [`Command::Eval`] runs as `EVALSHA`, falling back to `EVAL` with the
-/// script's text when the server answers `NOSCRIPT` (after `SCRIPT FLUSH`,
-/// a restart or a failover).
+/// The command's argument vectors ([`Command::frames`]) are written as one
+/// pipeline and only the last reply is read back: a
+/// [`Command::Transaction`] is `MULTI … EXEC` and answers with `EXEC`'s
+/// reply (an array, or nil when a watched key changed). [`Command::Eval`]
+/// runs as `EVALSHA`, falling back to `EVAL` with the script's text when
+/// the server answers `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a
+/// failover).
 pub async fn execute<C: ConnectionLike + Send + ?Sized>(
     conn: &mut C,
     command: &Command,
 ) -> Result<Value, RedisError> {
-    match command {
-        Command::Transaction(commands) => {
+    let first = send(conn, &to_cmds(command)).await;
+    match command.eval_text_argv() {
+        Some(text) if is_noscript(&first) => {
+            if let Command::Eval { script, .. } = command {
+                tracing::debug!(script = script.name(), "NOSCRIPT: sending the script text");
+            }
+            conn.req_packed_command(&from_argv(&text)).await
+        }
+        _ => first,
+    }
+}
+
+/// Write `cmds` together and return the reply to the last one.
+async fn send<C: ConnectionLike + Send + ?Sized>(
+    conn: &mut C,
+    cmds: &[Cmd],
+) -> Result<Value, RedisError> {
+    match cmds {
+        [single] => conn.req_packed_command(single).await,
+        // `MULTI` … `EXEC`: an atomic pipeline writes exactly these frames,
+        // and a cluster connection routes it to one node as a whole.
+        [_multi, inner @ .., _exec] => {
             let mut pipe = redis::pipe();
             pipe.atomic();
-            for c in commands {
-                pipe.add_command(to_cmd(c));
+            for c in inner {
+                pipe.add_command(c.clone());
             }
             // Skip MULTI's OK and every QUEUED; read EXEC's reply only.
-            let mut replies = conn
-                .req_packed_commands(&pipe, commands.len() + 1, 1)
-                .await?;
+            let mut replies = conn.req_packed_commands(&pipe, inner.len() + 1, 1).await?;
             Ok(replies.pop().unwrap_or(Value::Nil))
         }
-        Command::Eval { script, .. } => {
-            let first = conn.req_packed_command(&to_cmd(command)).await;
-            match command.eval_text_argv() {
-                Some(text) if is_noscript(&first) => {
-                    tracing::debug!(script = script.name(), "NOSCRIPT: sending the script text");
-                    conn.req_packed_command(&from_argv(&text)).await
-                }
-                _ => first,
-            }
-        }
-        other => conn.req_packed_command(&to_cmd(other)).await,
+        [] => Ok(Value::Nil),
     }
 }
 
@@ -138,13 +148,15 @@ mod tests {
 
     #[test]
     fn set_nx_px_is_packed_as_redis_expects() {
-        let c = to_cmd(&Command::Set {
+        let [c] = &to_cmds(&Command::Set {
             key: "{a}".into(),
             value: "t".into(),
             condition: SetCondition::Nx,
             expiry: SetExpiry::Px(100),
             get: false,
-        });
+        })[..] else {
+            panic!("one command");
+        };
         let args: Vec<String> = c
             .args_iter()
             .map(|a| match a {
@@ -153,6 +165,21 @@ mod tests {
             })
             .collect();
         assert_eq!(args, ["SET", "{a}", "t", "NX", "PX", "100"]);
+    }
+
+    #[test]
+    fn a_transaction_is_sent_as_multi_its_commands_exec() {
+        let cmds = to_cmds(&Command::Transaction(vec![Command::Incr {
+            key: "n".into(),
+        }]));
+        let names: Vec<String> = cmds
+            .iter()
+            .map(|c| match c.args_iter().next() {
+                Some(redis::Arg::Simple(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(names, ["MULTI", "INCR", "EXEC"]);
     }
 
     #[test]

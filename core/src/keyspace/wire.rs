@@ -13,8 +13,8 @@
 //!   Nothing may be sent on that connection in between.
 //!
 //! RESP framing of a vector is `*<n>\r\n` then `$<len>\r\n<arg>\r\n` per
-//! argument; replies map to [`Reply`] as RESP2 types do (an error reply is
-//! [`Reply::Error`] with Redis' full text, `-` stripped).
+//! argument; replies map to [`Reply`](super::Reply) as RESP2 types do (an error reply is
+//! [`Reply::Error`](super::Reply::Error) with Redis' full text, `-` stripped).
 
 use super::command::{Command, ScoreBound, SetCondition, SetExpiry};
 use super::script::Script;
@@ -260,6 +260,16 @@ mod tests {
                 b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
             )),
             "84983e441c3bd26ebaae4aa1f95129e5e54670f1"
+        );
+    }
+
+    #[test]
+    fn a_script_sha1_is_the_one_redis_names_it_by() {
+        // `SCRIPT LOAD` of this text on redis-server 7 answers this SHA1
+        // (tests/tests/scripts.rs checks every script against a live server).
+        assert_eq!(
+            Script::CompareAndPExpire.sha1(),
+            "b08102f5c0d4d4e605c7ec82cb3dbc3c344d9147"
         );
     }
 

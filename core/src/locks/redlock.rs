@@ -64,12 +64,12 @@
 //! node at a time.
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{Scaffold, Timer};
+use crate::engine::{Scaffold, Standing, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
-    UsageError,
+    Acquire, Event, Extension, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -411,11 +411,16 @@ impl Redlock {
             State::Extending { round, lease } => match self.verdict(now, &round) {
                 Some(new) => {
                     self.hold(new.clone());
-                    self.base.out.emit(Event::Extended(new));
+                    self.base.out.emit(Event::Extended {
+                        lease: new,
+                        by: Extension::Extend,
+                    });
                 }
                 // Never release on a failed extend: the old lease stands.
                 None => {
-                    self.base.out.emit(Event::NotExtended);
+                    self.base.out.emit(Event::NotExtended {
+                        by: Extension::Extend,
+                    });
                     if lease.valid_until <= now {
                         self.go_idle();
                         self.base.out.emit(Event::Lost);
@@ -462,6 +467,14 @@ impl Redlock {
 
     /// A failed, cleaned-up attempt: retry after a jittered delay if the
     /// deadline allows, else deny.
+    fn standing(&self) -> Standing {
+        match self.state {
+            State::Idle => Standing::Idle,
+            State::Held { .. } => Standing::Held,
+            _ => Standing::Busy,
+        }
+    }
+
     fn retry_or_deny(&mut self, now: Millis, how: Acquire) {
         self.state = if self.base.retry_or_deny(now, how) {
             State::BackingOff { how }
@@ -473,32 +486,24 @@ impl Redlock {
 
 impl Protocol for Redlock {
     fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        match self.state {
-            State::Idle => {}
-            State::Held { .. } => return Err(UsageError::AlreadyHeld),
-            _ => return Err(UsageError::Busy),
-        }
+        self.standing().may_acquire()?;
         self.base.backoff.reset();
         self.start_acquire(now, how);
         Ok(())
     }
 
     fn release(&mut self, now: Millis) -> Result<(), UsageError> {
-        match self.state {
-            State::Held { .. } => {}
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
-        }
+        self.standing().may_use_hold()?;
         self.start_release(now, Then::Report);
         Ok(())
     }
 
     fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
-        let lease = match &self.state {
-            State::Held { lease } => lease.clone(),
-            State::Idle => return Err(UsageError::NotHeld),
-            _ => return Err(UsageError::Busy),
+        self.standing().may_use_hold()?;
+        let State::Held { lease } = &self.state else {
+            return Err(UsageError::Busy);
         };
+        let lease = lease.clone();
         // The expiry timer of the old lease stays armed.
         let round = self.start_round(now, Op::Extend);
         self.state = State::Extending { round, lease };
@@ -579,7 +584,7 @@ impl Protocol for Redlock {
     }
 
     fn is_busy(&self) -> bool {
-        !matches!(self.state, State::Idle | State::Held { .. })
+        self.standing() == Standing::Busy
     }
 }
 
@@ -887,7 +892,12 @@ mod tests {
         l.handle_reply(Millis(51), sent[2].id, Outcome::Unknown);
         let (sent, events) = drain(&mut l);
         assert_eq!(sent, [], "a failed extend must not release");
-        assert_eq!(events, [Event::NotExtended]);
+        assert_eq!(
+            events,
+            [Event::NotExtended {
+                by: Extension::Extend
+            }]
+        );
         assert_eq!(l.lease(), Some(&lease));
         assert_eq!(l.poll_timeout(), Some(Millis(97)));
         l.handle_timeout(Millis(97));
@@ -909,7 +919,7 @@ mod tests {
         l.handle_reply(Millis(62), sent[1].id, Outcome::Reply(Reply::Int(1)));
         l.handle_reply(Millis(62), sent[2].id, Outcome::Reply(Reply::Int(1)));
         let (_, events) = drain(&mut l);
-        let Some(Event::Extended(lease)) = events.first() else {
+        let Some(Event::Extended { lease, .. }) = events.first() else {
             panic!("{events:?}")
         };
         assert_eq!(lease.valid_until, Millis(60 + 97));

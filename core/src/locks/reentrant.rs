@@ -40,11 +40,14 @@
 //!   of ours outlives the hold by a TTL.
 //! - The watchdog (with `config.auto_renew`) fires at `send time + ttl / 3`
 //!   after every grant or renewal. A renewal that succeeds reports
-//!   [`Event::Extended`] with `valid_until = renewal sent + ttl − drift`;
-//!   one that finds no field reports [`Event::Lost`]; one with an unknown
-//!   outcome reports [`Event::NotExtended`], keeps the old lease and tries
-//!   again a third of a TTL later, and the hold is [`Event::Lost`] when its
-//!   `valid_until` passes. [`Protocol::extend`] runs the renew script too.
+//!   [`Event::Extended`] (by [`Extension::Renewal`]) with
+//!   `valid_until = renewal sent + ttl − drift`; one that finds no field
+//!   reports [`Event::Lost`]; one with an unknown outcome reports
+//!   [`Event::NotExtended`], keeps the old lease and tries again a third of
+//!   a TTL later, and the hold is [`Event::Lost`] when its `valid_until`
+//!   passes. [`Protocol::extend`] runs the renew script too, or, while a
+//!   renewal is in flight, joins it: that renewal's reply then concludes
+//!   the extend ([`Extension::Extend`]).
 //! - A release is never blocked by a renewal in flight, and that renewal's
 //!   reply is ignored once the release has started: a renewal answered
 //!   after a release must not resurrect the hold (Redisson #7272). On the
@@ -70,8 +73,8 @@ use crate::engine::{retry_at, Scaffold, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script};
 use crate::protocol::{
-    Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
-    UsageError,
+    Acquire, Event, Extension, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId,
+    Token, UsageError,
 };
 use crate::time::Millis;
 
@@ -396,7 +399,7 @@ impl Reentrant {
     }
 
     /// A renew script reply, from the watchdog or a manual extend.
-    fn on_renew_reply(&mut self, now: Millis, sent_at: Millis, outcome: Outcome) {
+    fn on_renew_reply(&mut self, now: Millis, sent_at: Millis, by: Extension, outcome: Outcome) {
         let Some(old) = self.hold.as_ref().map(|h| h.lease.valid_until) else {
             return;
         };
@@ -409,13 +412,19 @@ impl Reentrant {
                 });
                 self.arm(sent_at);
                 if let Some(lease) = lease {
-                    self.base.out.emit(Event::Extended(lease));
+                    self.base.out.emit(Event::Extended { lease, by });
                 }
                 return;
             }
             Outcome::Reply(Reply::Int(0)) => return self.lose(),
-            Outcome::Unknown => Event::NotExtended,
-            Outcome::Reply(reply) => Event::Failed(Self::unexpected("reentrant-renew", reply)),
+            Outcome::Unknown => Event::NotExtended { by },
+            Outcome::Reply(reply) => {
+                let error = Self::unexpected("reentrant-renew", reply);
+                match by {
+                    Extension::Extend => Event::Failed(error),
+                    Extension::Renewal => Event::RenewalFailed(error),
+                }
+            }
         };
         // The old lease stands until its validity; try again later.
         if now >= old {
@@ -458,6 +467,16 @@ impl Protocol for Reentrant {
         if self.hold.is_none() {
             return Err(UsageError::NotHeld);
         }
+        // Join the watchdog's renewal in flight: its reply concludes this
+        // extend.
+        if let Some(Renewal { req, sent_at }) = self.renewal.take() {
+            if let Some(deadline) = self.base.timers.get(Timer::RenewReply) {
+                self.base.timers.set(Timer::Reply, deadline);
+            }
+            self.base.timers.clear(Timer::RenewReply);
+            self.op = Op::Extending { req, sent_at };
+            return Ok(());
+        }
         self.cancel_renewal();
         let req = self.send(now, Timer::Reply, Script::ReentrantRenew);
         self.op = Op::Extending { req, sent_at: now };
@@ -469,7 +488,7 @@ impl Protocol for Reentrant {
             let sent_at = renewal.sent_at;
             self.renewal = None;
             self.base.timers.clear(Timer::RenewReply);
-            self.on_renew_reply(now, sent_at, outcome);
+            self.on_renew_reply(now, sent_at, Extension::Renewal, outcome);
             return;
         }
         if self.op_request() != Some(id) {
@@ -487,7 +506,9 @@ impl Protocol for Reentrant {
                     self.on_unlock_reply(now, sent_at, outcome);
                 }
             }
-            Op::Extending { sent_at, .. } => self.on_renew_reply(now, sent_at, outcome),
+            Op::Extending { sent_at, .. } => {
+                self.on_renew_reply(now, sent_at, Extension::Extend, outcome);
+            }
             op @ (Op::Idle | Op::BackingOff { .. }) => self.op = op,
         }
     }
@@ -730,7 +751,10 @@ mod tests {
         assert_eq!(a.poll_timeout(), Some(Millis(1_000)), "renewal at ttl/3");
         let events = run_until(&mut a, &mut redis, 0, Millis(10_000));
         let expected: Vec<Event> = (1..=10)
-            .map(|i| Event::Extended(lease("a", i * 1_000 + 2_970)))
+            .map(|i| Event::Extended {
+                lease: lease("a", i * 1_000 + 2_970),
+                by: Extension::Renewal,
+            })
             .collect();
         assert_eq!(events, expected);
         assert_eq!(
@@ -848,7 +872,15 @@ mod tests {
         }
         assert_eq!(
             events,
-            [Event::NotExtended, Event::NotExtended, Event::Lost],
+            [
+                Event::NotExtended {
+                    by: Extension::Renewal
+                },
+                Event::NotExtended {
+                    by: Extension::Renewal
+                },
+                Event::Lost
+            ],
             "tries at 1000 and 2000, lost at 2970"
         );
         assert_eq!(a.lease(), None);
@@ -864,7 +896,10 @@ mod tests {
         a.extend(Millis(2_000)).unwrap();
         assert_eq!(
             drive(&mut a, &mut redis, 0, Millis(2_000)),
-            [Event::Extended(lease("a", 4_970))]
+            [Event::Extended {
+                lease: lease("a", 4_970),
+                by: Extension::Extend
+            }]
         );
         let pttl = redis.execute(
             ConnId(9),
@@ -959,7 +994,7 @@ mod tests {
         assert!(
             matches!(
                 events.as_slice(),
-                [Event::Failed(ProtocolError::UnexpectedReply {
+                [Event::RenewalFailed(ProtocolError::UnexpectedReply {
                     request: "reentrant-renew",
                     ..
                 })]

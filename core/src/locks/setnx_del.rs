@@ -19,7 +19,7 @@
 //! ## Known failure
 //!
 //! There is no TTL, so there is no lease: a hold lasts until its holder
-//! deletes the key, and [`Lease::valid_until`] is "forever"
+//! deletes the key, and [`Lease::valid_until`](crate::protocol::Lease::valid_until) is "forever"
 //! (`Millis(u64::MAX)`). A holder that crashes before releasing leaves the
 //! key behind and every later acquire is denied for ever: `progress` fails
 //! under the `crash` fault. The book says so itself and moves on to the lock
@@ -147,7 +147,9 @@ impl SetnxDel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Acquire, Event, Lease, Outcome, Protocol, RequestId, UsageError};
+    use crate::protocol::{
+        Acquire, Event, Extension, Lease, Outcome, Protocol, RequestId, UsageError,
+    };
 
     /// The lease of a lock without TTL: valid until we delete it.
     const FOREVER: Millis = Millis(u64::MAX);
@@ -272,7 +274,13 @@ mod tests {
         drive(&mut a, &mut redis, 0, Millis(0));
         a.extend(Millis(1)).unwrap();
         assert_eq!(a.poll_transmit(), None);
-        assert_eq!(a.poll_event(), Some(Event::Extended(held("a"))));
+        assert_eq!(
+            a.poll_event(),
+            Some(Event::Extended {
+                lease: held("a"),
+                by: Extension::Extend
+            })
+        );
         assert_eq!(a.lease(), Some(&held("a")));
     }
 

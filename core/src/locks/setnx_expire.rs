@@ -192,7 +192,7 @@ mod tests {
     use super::*;
     use crate::keyspace::{ConnId, Keyspace};
     use crate::protocol::testkit::{answer, drive, drop_requests, lease, run_until};
-    use crate::protocol::{Acquire, Event, Outcome, Protocol, RequestId, UsageError};
+    use crate::protocol::{Acquire, Event, Extension, Outcome, Protocol, RequestId, UsageError};
 
     fn config() -> Config {
         Config {
@@ -404,7 +404,10 @@ mod tests {
         a.extend(Millis(1_000)).unwrap();
         assert_eq!(
             drive(&mut a, &mut redis, 0, Millis(1_000)),
-            [Event::Extended(lease("a", 2_980))]
+            [Event::Extended {
+                lease: lease("a", 2_980),
+                by: Extension::Extend
+            }]
         );
         assert_eq!(a.poll_timeout(), Some(Millis(2_980)));
         let pttl = redis.execute(
@@ -451,7 +454,9 @@ mod tests {
         a.extend(Millis(10)).unwrap();
         assert_eq!(
             answer(&mut a, Millis(10), Outcome::Unknown),
-            [Event::NotExtended]
+            [Event::NotExtended {
+                by: Extension::Extend
+            }]
         );
         assert_eq!(a.lease(), Some(&lease("a", 1_980)));
         assert_eq!(a.poll_timeout(), Some(Millis(1_980)));

@@ -236,7 +236,7 @@ mod tests {
     use super::*;
     use crate::keyspace::{ConnId, Keyspace, SetCondition, SetExpiry};
     use crate::protocol::testkit::{answer, drive, lease, run_until};
-    use crate::protocol::{Acquire, Event, Outcome, Protocol, RequestId};
+    use crate::protocol::{Acquire, Event, Extension, Outcome, Protocol, RequestId};
 
     fn config() -> Config {
         Config {
@@ -448,7 +448,10 @@ mod tests {
         a.extend(Millis(500)).unwrap();
         assert_eq!(
             drive(&mut a, &mut redis, 0, Millis(500)),
-            [Event::Extended(lease("a", 1_490))]
+            [Event::Extended {
+                lease: lease("a", 1_490),
+                by: Extension::Extend
+            }]
         );
         assert_eq!(stored(&mut redis), Reply::Bulk("1500".into()));
         // `b`'s clock runs ahead: it takes over.

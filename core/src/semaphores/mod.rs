@@ -12,7 +12,7 @@
 //! an extend send, and what each reply means) run by the one engine
 //! (`engine.rs`) that the single-node locks run on too.
 //!
-//! A permit is a [`Lease`]. An acquire that fails after writing something
+//! A permit is a [`Lease`](crate::protocol::Lease). An acquire that fails after writing something
 //! (a rank above the limit, an error, an unknown outcome) first runs the
 //! recipe's release to take its entry out again, then retries or reports.
 

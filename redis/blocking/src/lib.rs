@@ -32,8 +32,8 @@
 
 use lockwright_core::keyspace::{Command, Reply};
 use lockwright_core::{
-    Acquire, Config, ConfigError, Event, Lease, Machine, Millis, Outcome, Protocol, ProtocolError,
-    ProtocolId, Request, RequestId, Token, UsageError,
+    Acquire, Config, ConfigError, Event, Extension, Lease, Machine, Millis, Outcome, Protocol,
+    ProtocolError, ProtocolId, Request, RequestId, Token, UsageError,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -161,7 +161,7 @@ impl Guard {
     pub fn extend(&mut self) -> Result<bool, Error> {
         self.driver.machine.extend(now())?;
         match self.driver.run()? {
-            Event::Extended(lease) => {
+            Event::Extended { lease, .. } => {
                 self.lease = lease;
                 Ok(true)
             }
@@ -191,8 +191,8 @@ struct Driver {
 
 impl Driver {
     /// Run the machine until it concludes the operation (the first event
-    /// other than a background `Extended`/`NotExtended`): send its requests,
-    /// hand it the replies, sleep until its timers.
+    /// other than an automatic renewal's): send its requests, hand it the
+    /// replies, sleep until its timers.
     fn run(&mut self) -> Result<Event, Error> {
         self.unanswered = None;
         loop {
@@ -205,6 +205,14 @@ impl Driver {
             }
             if let Some(event) = self.machine.poll_event() {
                 match event {
+                    Event::Extended {
+                        by: Extension::Renewal,
+                        ..
+                    }
+                    | Event::NotExtended {
+                        by: Extension::Renewal,
+                    }
+                    | Event::RenewalFailed(_) => {}
                     Event::Failed(e) => return Err(e.into()),
                     concluded if self.machine.is_busy() => drop(concluded),
                     concluded => return Ok(concluded),
