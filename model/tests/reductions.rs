@@ -159,46 +159,6 @@ fn default_verdict(protocol: ProtocolId, fault: Fault, property: &str) -> bool {
         .any(|c| c.property.to_string() == property && c.verdict == Verdict::Violated)
 }
 
-/// Every reduction off at once, at bounds small enough for that: a 2 s
-/// TTL, retries every second plus up to half a second of jitter, a horizon
-/// of one TTL and one retry. Every protocol but RedLock and
-/// fair-semaphore-locked (whose unreduced runs are too large for every
-/// test run), under every fault. The verdicts must be equal: the same
-/// bounds, reductions on and off.
-#[test]
-fn every_reduction_off_at_once_keeps_the_verdicts() {
-    let mut differ = Vec::new();
-    for protocol in ProtocolId::all() {
-        if matches!(
-            protocol,
-            ProtocolId::Redlock | ProtocolId::FairSemaphoreLocked
-        ) {
-            continue;
-        }
-        for fault in Fault::ALL {
-            let tiny = |reductions| {
-                let mut cfg = ModelConfig::new(protocol, fault);
-                cfg.ttl = 2_000;
-                cfg.retry_base = 1_000;
-                cfg.retry_max = 1_000;
-                cfg.retry_jitter = 500;
-                cfg.horizon = 3_000;
-                cfg.reductions = reductions;
-                cfg
-            };
-            let (reduced, a) = verdicts(tiny(Reductions::ALL));
-            let (full, b) = verdicts(tiny(Reductions::NONE));
-            println!("{protocol} {fault} without any reduction: {b} states ({a} with all)");
-            if reduced != full {
-                differ.push(format!(
-                    "{protocol} {fault}: with every reduction {reduced:?}, without {full:?}"
-                ));
-            }
-        }
-    }
-    assert!(differ.is_empty(), "verdicts differ:\n{}", differ.join("\n"));
-}
-
 macro_rules! rows {
     ($($(#[$attr:meta])* $name:ident => $id:ident),* $(,)?) => {
         $(
