@@ -475,14 +475,14 @@ impl Suite {
         let (cells_synced, cells_failover) = synced(
             self.cells
                 .iter()
-                .filter(|c| c.fault == Fault::Failover)
+                .filter(|c| c.fault.has_replica())
                 .map(|c| &c.replay)
                 .collect(),
         );
         let (paths_synced, paths_failover) = synced(
             self.paths
                 .iter()
-                .filter(|p| p.fault == Fault::Failover)
+                .filter(|p| p.fault.has_replica())
                 .map(|p| &p.replay)
                 .collect(),
         );
@@ -627,7 +627,7 @@ impl Bench {
             Persistence::None
         };
         let nodes = usize::from(cfg.nodes);
-        let failover = cfg.fault == Fault::Failover;
+        let failover = cfg.fault.has_replica();
         let store = self.store().await?;
         let containers = self.containers(persistence).await?;
         if nodes > containers.down.len() - usize::from(failover) {
@@ -874,7 +874,8 @@ impl Run<'_> {
                         ))
                     })?;
                 let retired = retired(client, slot);
-                if !state.nodes[usize::from(node)].cut {
+                let model_node = &state.nodes[usize::from(node)];
+                if !model_node.cut && model_node.reachable(state.time) {
                     // On the retired connection when there was one; a pair
                     // that had none has no session state to keep.
                     self.report.requests += 1;
@@ -1054,8 +1055,17 @@ impl Run<'_> {
         let expected = model
             .answer(state, client, node)
             .ok_or_else(|| ChaosError::UnexpectedReply("the model gave no answer".into()))?;
-        let observed = if state.nodes[usize::from(node)].cut {
+        let model_node = &state.nodes[usize::from(node)];
+        let container = self.slots[usize::from(node)];
+        let observed = if model_node.cut {
             // The partition is the harness: the request is not sent.
+            Outcome::Unknown
+        } else if !model_node.reachable(state.time) && !self.containers.down[container] {
+            // The node is still coming up (the millisecond a restart or a
+            // promotion takes in the model) on a server that is already
+            // up: the harness plays the refusal, and the connection it
+            // would have failed on is gone.
+            self.conns.remove(&(client, node));
             Outcome::Unknown
         } else {
             self.report.requests += 1;

@@ -19,6 +19,7 @@ use lockwright_chaos::replay::{cases, plan, Bench, Case, ReplayOptions, Suite, V
 use lockwright_chaos::{Cluster, NodeOptions};
 use lockwright_core::ProtocolId;
 use lockwright_model::matrix;
+use lockwright_model::model::Phase;
 use lockwright_model::{Fault, PropertyId};
 
 fn case(protocol: ProtocolId, fault: Fault, property: PropertyId) -> Case {
@@ -136,7 +137,10 @@ async fn caught(c: &Case, mutation: ReplayOptions) {
 /// `SET NX` that the model grants is refused); node clocks one millisecond
 /// behind or ahead of the model's (the deadline Redis stores for the first
 /// `SET … PX` differs from the model's by that millisecond); a restart or a
-/// failover that is not carried out (the node still holds the first lock).
+/// failover that is not carried out (the node still holds the first lock,
+/// or for `time-fenced` still has the fence counter, so the second fence is
+/// the counter's and not the stepped-back clock's); node clocks at 0 under
+/// `time-fenced` (every fence is the counter's).
 #[tokio::test]
 async fn deliberate_faults_in_the_harness_are_caught() {
     if !docker_ready() {
@@ -147,6 +151,7 @@ async fn deliberate_faults_in_the_harness_are_caught() {
         (
             ProtocolId::SetPxGetDel,
             Fault::Pause,
+            PropertyId::MutualExclusion,
             ReplayOptions {
                 node_clocks: false,
                 ..faithful
@@ -155,6 +160,7 @@ async fn deliberate_faults_in_the_harness_are_caught() {
         (
             ProtocolId::SetPxLua,
             Fault::Pause,
+            PropertyId::MutualExclusion,
             ReplayOptions {
                 node_clock_error_ms: -1,
                 ..faithful
@@ -163,6 +169,7 @@ async fn deliberate_faults_in_the_harness_are_caught() {
         (
             ProtocolId::SetPxLua,
             Fault::Pause,
+            PropertyId::MutualExclusion,
             ReplayOptions {
                 node_clock_error_ms: 1,
                 ..faithful
@@ -171,6 +178,7 @@ async fn deliberate_faults_in_the_harness_are_caught() {
         (
             ProtocolId::SetPxLua,
             Fault::Restart,
+            PropertyId::MutualExclusion,
             ReplayOptions {
                 node_faults: false,
                 ..faithful
@@ -179,18 +187,82 @@ async fn deliberate_faults_in_the_harness_are_caught() {
         (
             ProtocolId::SetPxLua,
             Fault::Failover,
+            PropertyId::MutualExclusion,
             ReplayOptions {
                 node_faults: false,
                 ..faithful
             },
         ),
+        (
+            ProtocolId::TimeFenced,
+            Fault::ClockBack,
+            PropertyId::FencedResource,
+            ReplayOptions {
+                node_faults: false,
+                ..faithful
+            },
+        ),
+        (
+            ProtocolId::TimeFenced,
+            Fault::FailoverClockLag,
+            PropertyId::FencedResource,
+            ReplayOptions {
+                node_faults: false,
+                ..faithful
+            },
+        ),
+        (
+            ProtocolId::TimeFenced,
+            Fault::ClockBack,
+            PropertyId::FencedResource,
+            ReplayOptions {
+                node_clocks: false,
+                ..faithful
+            },
+        ),
     ];
-    for (protocol, fault, mutation) in mutations {
-        caught(
-            &case(protocol, fault, PropertyId::MutualExclusion),
-            mutation,
-        )
-        .await;
+    for (protocol, fault, property, mutation) in mutations {
+        caught(&case(protocol, fault, property), mutation).await;
+    }
+}
+
+/// `time-fenced` on real Redis: after a real restart (SIGKILL and start of
+/// the container) and after a real promotion of a replica that never
+/// received the first grant, the second holder's fence, issued by the real
+/// script from the node's clock, is above the first holder's, so the
+/// resource refuses the superseded holder's write. The shortest
+/// counterexample of mutual exclusion is the scenario: both believe they
+/// hold, and the replay requires Redis' fences to equal the model's.
+#[tokio::test]
+async fn time_fenced_fences_grow_across_a_real_restart_and_a_real_promotion() {
+    if !docker_ready() {
+        return;
+    }
+    for fault in [Fault::Restart, Fault::Failover] {
+        let c = case(ProtocolId::TimeFenced, fault, PropertyId::MutualExclusion);
+        let last = &c.trace.last().expect("a trace has states").0;
+        let mut holds: Vec<(u32, u64)> = last
+            .clients
+            .iter()
+            .filter_map(|client| match &client.phase {
+                Phase::Holding(lease) | Phase::Checked(lease) => {
+                    Some((client.grant, lease.fence?.0))
+                }
+                _ => None,
+            })
+            .collect();
+        holds.sort();
+        assert_eq!(holds.len(), 2, "time-fenced × {fault}: two holders");
+        assert!(
+            holds[0].1 < holds[1].1,
+            "time-fenced × {fault}: the later grant has the higher fence: {holds:?}"
+        );
+        let replay = Bench::new()
+            .replay(&c.model, &c.trace, ReplayOptions::default())
+            .await
+            .expect("the harness runs");
+        assert_eq!(replay.verdict, Verdict::Reproduced, "time-fenced × {fault}");
+        assert!(replay.node_faults > 0, "a real {fault} was carried out");
     }
 }
 

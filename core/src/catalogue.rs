@@ -38,6 +38,8 @@ pub enum ProtocolId {
     Redlock,
     /// SET NX PX plus a fence counter INCRed on every grant.
     Fenced,
+    /// SET NX PX plus a fence of max(counter + 1, server TIME in µs).
+    TimeFenced,
     /// ZSET scored by client time; rank < limit.
     ZsetSemaphore,
     /// Counter + owner ZSET + ZINTERSTORE.
@@ -63,7 +65,7 @@ pub struct CatalogueEntry {
     pub idea: &'static str,
 }
 
-const CATALOGUE: [CatalogueEntry; 14] = [
+const CATALOGUE: [CatalogueEntry; 15] = [
     entry(
         ProtocolId::SetnxDel,
         Kind::Lock,
@@ -117,6 +119,12 @@ const CATALOGUE: [CatalogueEntry; 14] = [
         Kind::Lock,
         "beyond the sources (Kleppmann 2016 fencing tokens)",
         "SET NX PX and INCR of a fence counter in one script; the resource rejects stale fences",
+    ),
+    entry(
+        ProtocolId::TimeFenced,
+        Kind::Lock,
+        "beyond the sources (fenced, with a fence that survives restart and failover)",
+        "fenced, with fence = max(counter + 1, server TIME in µs): a node that lost its counter starts above every earlier fence",
     ),
     entry(
         ProtocolId::ZsetSemaphore,
@@ -212,6 +220,7 @@ impl ProtocolId {
             ProtocolId::Reentrant => "reentrant",
             ProtocolId::Redlock => "redlock",
             ProtocolId::Fenced => "fenced",
+            ProtocolId::TimeFenced => "time-fenced",
             ProtocolId::ZsetSemaphore => "zset-semaphore",
             ProtocolId::FairSemaphore => "fair-semaphore",
             ProtocolId::FairSemaphoreLocked => "fair-semaphore-locked",
@@ -366,6 +375,7 @@ machines! {
     SetPxGetDel => crate::locks::set_px_get_del::SetPxGetDel,
     SetPxWatch => crate::locks::set_px_watch::SetPxWatch,
     Fenced => crate::locks::fenced::FencedLock,
+    TimeFenced => crate::locks::time_fenced::TimeFencedLock,
     SetnxDel => crate::locks::setnx_del::SetnxDel,
     SetnxExpire => crate::locks::setnx_expire::SetnxExpire,
     SetnxGetset => crate::locks::setnx_getset::SetnxGetset,
@@ -385,13 +395,13 @@ mod tests {
     #[test]
     fn ids_round_trip_and_are_unique() {
         let ids: Vec<_> = ProtocolId::all().collect();
-        assert_eq!(ids.len(), 14);
+        assert_eq!(ids.len(), 15);
         for id in &ids {
             assert_eq!(id.as_str().parse::<ProtocolId>(), Ok(*id));
         }
         assert!("nope".parse::<ProtocolId>().is_err());
         let locks = catalogue().iter().filter(|e| e.kind == Kind::Lock).count();
-        assert_eq!(locks, 9);
+        assert_eq!(locks, 10);
         assert_eq!(applications().len(), 1);
     }
 }

@@ -1381,6 +1381,39 @@ fn fenced_acquire_with_a_wrong_type_fence_leaves_no_lock_like_redis() {
     assert_eq!(n.run(get("lock")), Reply::Nil);
 }
 
+#[test]
+fn time_fenced_acquire_issues_the_larger_of_counter_and_clock_and_survives_a_restart() {
+    let mut n = Node::new();
+    let acquire = |tok: &str| eval(Script::TimeFencedAcquire, &["lock", "fence"], &[tok, "100"]);
+    // The node clock reads 1000 ms: the first fence is the clock in µs.
+    assert_eq!(n.run(acquire("a")), Reply::Int(1_000_000));
+    assert_eq!(n.run(get("fence")), bulk("1000000"));
+    assert_eq!(n.run(pttl("lock")), Reply::Int(100));
+    assert_eq!(n.run(acquire("b")), Reply::Nil);
+    // Within the same microsecond the stored counter decides: + 1.
+    n.run(del(&["lock"]));
+    assert_eq!(n.run(acquire("b")), Reply::Int(1_000_001));
+    // The counter lost with a restart: the clock, a millisecond later, is
+    // above every fence before.
+    n.ks.restart();
+    n.run(del(&["lock"]));
+    assert_eq!(n.at(1_001).run(acquire("c")), Reply::Int(1_001_000));
+    // A clock stepped back: the counter still decides while it is kept...
+    n.run(del(&["lock"]));
+    assert_eq!(n.at(500).run(acquire("d")), Reply::Int(1_001_001));
+    // ...and once it is lost, the fence goes backwards (the assumption).
+    n.ks.restart();
+    assert_eq!(n.run(acquire("e")), Reply::Int(500_000));
+    assert_eq!(
+        n.run(eval(
+            Script::TimeFencedAcquire,
+            &["lock2", "fence"],
+            &["f", "0"]
+        )),
+        err("ERR invalid expire time in 'set' command")
+    );
+}
+
 fn lease_acquire(tok: &str, ttl: &str, limit: &str) -> Command {
     eval(
         Script::LeaseAcquire,

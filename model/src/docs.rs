@@ -381,10 +381,12 @@ fn fault_summary(f: Fault) -> &'static str {
         Fault::Pause => "a client takes no step while time advances (GC pause, stalled VM), then resumes",
         Fault::ClientSkew => "client clocks disagree: one is half a TTL ahead and runs 1 % slow (within RedLock's drift allowance)",
         Fault::ClockJump => "one node's clock jumps forward by TTL + 1",
-        Fault::Restart => "a node restarts empty, at once",
+        Fault::ClockBack => "a node restarts empty and its clock comes back 500 ms behind (more than the restart took)",
+        Fault::Restart => "a node restarts empty; it is down for 1 ms",
         Fault::RestartDelayed => "a node restarts empty but stays down for longer than the TTL first",
         Fault::RestartPersisted => "a node restarts with its data (AOF with `fsync always`)",
-        Fault::Failover => "node 0 has an asynchronous replica that is promoted, dropping what it had not received",
+        Fault::Failover => "node 0 has an asynchronous replica that is promoted, dropping what it had not received; the promotion takes 1 ms",
+        Fault::FailoverClockLag => "failover, with the replica's clock 500 ms behind its master's",
         Fault::Delay => "one request is held up past the TTL (the client times out; the request still runs later, after requests on the new connection may have overtaken it), and one request or reply may be lost",
         Fault::Partition => "a node is cut off from every client for a while; messages into the cut are lost and their senders time out",
     }
@@ -741,6 +743,7 @@ fn machine_file(id: ProtocolId) -> &'static str {
         ProtocolId::Reentrant => "locks/reentrant.rs",
         ProtocolId::Redlock => "locks/redlock.rs",
         ProtocolId::Fenced => "locks/fenced.rs",
+        ProtocolId::TimeFenced => "locks/time_fenced.rs",
         ProtocolId::ZsetSemaphore => "semaphores/zset_semaphore.rs",
         ProtocolId::FairSemaphore => "semaphores/fair_semaphore.rs",
         ProtocolId::FairSemaphoreLocked => "semaphores/fair_semaphore_locked.rs",
@@ -762,6 +765,7 @@ fn source(id: ProtocolId) -> &'static str {
         ProtocolId::Reentrant => include_str!("../../core/src/locks/reentrant.rs"),
         ProtocolId::Redlock => include_str!("../../core/src/locks/redlock.rs"),
         ProtocolId::Fenced => include_str!("../../core/src/locks/fenced.rs"),
+        ProtocolId::TimeFenced => include_str!("../../core/src/locks/time_fenced.rs"),
         ProtocolId::ZsetSemaphore => include_str!("../../core/src/semaphores/zset_semaphore.rs"),
         ProtocolId::FairSemaphore => include_str!("../../core/src/semaphores/fair_semaphore.rs"),
         ProtocolId::FairSemaphoreLocked => {
@@ -1203,6 +1207,18 @@ fn state_diagram(id: ProtocolId) -> &'static str {
     Held --> Releasing: release
     Releasing --> [*]: compare-and-delete / Released
     note right of Held: the resource refuses a write whose fence is older than one it accepted
+"
+        }
+        ProtocolId::TimeFenced => {
+            "    [*] --> Acquiring: acquire
+    Acquiring --> Held: time-fenced-acquire → fence = max(counter + 1, TIME in µs) (SET NX PX) / Acquired with fence
+    Acquiring --> Backoff: time-fenced-acquire → nil (taken)
+    Backoff --> Acquiring: retry timer
+    Held --> Held: compare-and-pexpire → 1 / Extended
+    Held --> [*]: valid_until passes / Lost
+    Held --> Releasing: release
+    Releasing --> [*]: compare-and-delete / Released
+    note right of Held: a node that lost its counter starts from its clock, above every earlier fence
 "
         }
         ProtocolId::ZsetSemaphore => {

@@ -3,6 +3,13 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// How far a node's clock steps back under [`Fault::ClockBack`] and how far
+/// a replica's lags under [`Fault::FailoverClockLag`], in ms: more than the
+/// 1 ms a restart or a promotion takes in the model, and less than
+/// [`NODE_CLOCK_START`](crate::model::NODE_CLOCK_START), so that a node
+/// clock never reads below zero.
+pub const CLOCK_STEP_BACK: u64 = 500;
+
 /// A fault class: what the environment may do to the protocol, each a
 /// budgeted nondeterministic action of the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -18,15 +25,24 @@ pub enum Fault {
     ClientSkew,
     /// One node's clock jumps forward by more than the TTL.
     ClockJump,
-    /// A node restarts empty, at once.
+    /// A node's clock steps back by [`CLOCK_STEP_BACK`] ms as it restarts
+    /// empty (a reboot whose clock comes back behind, until NTP corrects
+    /// it): the restart takes less time than the clock lost.
+    ClockBack,
+    /// A node restarts empty; it is down for 1 ms.
     Restart,
     /// A node restarts empty, but stays down for longer than the TTL first.
     RestartDelayed,
     /// A node restarts with its data (AOF with `fsync always`).
     RestartPersisted,
     /// Node 0 has an asynchronous replica; replication is its own step; the
-    /// replica is promoted, dropping what it had not received.
+    /// replica is promoted, dropping what it had not received; the
+    /// promotion takes 1 ms.
     Failover,
+    /// `failover`, but the replica's clock lags its master's by
+    /// [`CLOCK_STEP_BACK`] ms: the promoted node's clock reads less than
+    /// the old master's did.
+    FailoverClockLag,
     /// One request is held up beyond the latency bound, past the TTL: its
     /// client times out, retires the connection, and the request still runs
     /// later, possibly after requests sent on the new connection. One
@@ -38,33 +54,42 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// The nine columns of the verdict matrix.
-    pub const COLUMNS: [Fault; 9] = [
+    /// The ten columns of the verdict matrix.
+    pub const COLUMNS: [Fault; 10] = [
         Fault::None,
         Fault::Crash,
         Fault::Pause,
         Fault::ClientSkew,
         Fault::ClockJump,
+        Fault::ClockBack,
         Fault::Restart,
         Fault::Failover,
         Fault::Delay,
         Fault::Partition,
     ];
 
-    /// Every fault, the columns first, then the restart variants.
-    pub const ALL: [Fault; 11] = [
+    /// Every fault, the columns first, then the restart and failover
+    /// variants.
+    pub const ALL: [Fault; 13] = [
         Fault::None,
         Fault::Crash,
         Fault::Pause,
         Fault::ClientSkew,
         Fault::ClockJump,
+        Fault::ClockBack,
         Fault::Restart,
         Fault::Failover,
         Fault::Delay,
         Fault::Partition,
         Fault::RestartDelayed,
         Fault::RestartPersisted,
+        Fault::FailoverClockLag,
     ];
+
+    /// Does the fault give node 0 an asynchronous replica to promote?
+    pub fn has_replica(self) -> bool {
+        matches!(self, Fault::Failover | Fault::FailoverClockLag)
+    }
 
     /// The stable id.
     pub fn as_str(self) -> &'static str {
@@ -74,10 +99,12 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::ClientSkew => "client-skew",
             Fault::ClockJump => "clock-jump",
+            Fault::ClockBack => "clock-back",
             Fault::Restart => "restart",
             Fault::RestartDelayed => "restart-delayed",
             Fault::RestartPersisted => "restart-persisted",
             Fault::Failover => "failover",
+            Fault::FailoverClockLag => "failover-clock-lag",
             Fault::Delay => "delay",
             Fault::Partition => "partition",
         }
@@ -86,7 +113,7 @@ impl Fault {
 
 /// A name that is not a fault class.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown fault {0:?}; known: none, crash, pause, client-skew, clock-jump, restart, restart-delayed, restart-persisted, failover, delay, partition")]
+#[error("unknown fault {0:?}; known: none, crash, pause, client-skew, clock-jump, clock-back, restart, restart-delayed, restart-persisted, failover, failover-clock-lag, delay, partition")]
 pub struct UnknownFault(pub String);
 
 /// A safety or liveness property.

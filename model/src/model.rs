@@ -49,7 +49,7 @@
 //! (one node but for RedLock). Owner-only compares the holds on a node
 //! before and after each command of a client that is past its acquire.
 
-use crate::fault::{Fault, PropertyId};
+use crate::fault::{Fault, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
 use lockwright_core::{
     Acquire, Config, ConfigError, Event, Kind, Lease, Machine, Millis, Outcome, Protocol,
@@ -96,6 +96,11 @@ pub struct ModelConfig {
     /// sent is an unknown outcome, its connection is retired, and the
     /// request may still run later.
     pub reply_timeout: u64,
+    /// How long a restarting node (`restart`, `restart-persisted`,
+    /// `clock-back`) or a promotion (`failover*`) keeps the node from
+    /// answering, ms of true time. A real one takes far longer; 1 ms is the
+    /// least that lets a node clock move on across it.
+    pub restart_ms: u64,
     /// Which reductions the checker may use (all on by default; a test turns
     /// each off at small bounds and requires the same verdicts).
     pub reductions: Reductions,
@@ -170,6 +175,7 @@ impl ModelConfig {
             horizon: 32_000,
             latency: 400,
             reply_timeout: 1_000,
+            restart_ms: 1,
             reductions: Reductions::ALL,
         }
     }
@@ -520,11 +526,11 @@ pub enum Action {
     Resume(u8),
     /// `clock-jump`: the node's clock jumps forward by TTL + 1.
     JumpClock(u8),
-    /// `restart*`: the node restarts.
+    /// `restart*`, `clock-back`: the node restarts.
     Restart(u8),
     /// `failover`: the replica catches up with node 0.
     Replicate,
-    /// `failover`: the replica of node 0 is promoted in its place.
+    /// `failover*`: the replica of node 0 is promoted in its place.
     Promote,
     /// `delay`: the first message on the link is held up beyond the
     /// latency bound, until after the lease's TTL.
@@ -647,7 +653,7 @@ impl LockModel {
                     .execute(ConnId(u32::MAX), Millis(NODE_CLOCK_START), &set_max);
             }
         }
-        if cfg.fault == Fault::Failover {
+        if cfg.fault.has_replica() {
             nodes[0].replica = Some(Keyspace::new());
         }
         let clients = (0..cfg.clients)
@@ -1382,9 +1388,10 @@ impl LockModel {
             if state.budget > 0 && (n == 0 || !cfg.reductions.node_symmetry) {
                 match fault {
                     Fault::ClockJump => actions.push(Action::JumpClock(n)),
-                    Fault::Restart | Fault::RestartDelayed | Fault::RestartPersisted => {
-                        actions.push(Action::Restart(n))
-                    }
+                    Fault::Restart
+                    | Fault::RestartDelayed
+                    | Fault::RestartPersisted
+                    | Fault::ClockBack => actions.push(Action::Restart(n)),
                     Fault::Partition => actions.push(Action::Cut(n)),
                     _ => {}
                 }
@@ -1522,18 +1529,26 @@ impl LockModel {
                 s.budget -= 1;
                 let node = &mut s.nodes[usize::from(n)];
                 node.lose_connections();
+                // A restart takes time: `restart_ms` of true time pass
+                // before the node answers again (a fence read from the
+                // node's clock relies on it).
+                let mut down = self.cfg.restart_ms;
                 match self.cfg.fault {
                     Fault::RestartPersisted => node.keyspace.drop_connections(),
                     Fault::RestartDelayed => {
                         node.keyspace.restart();
                         node.writers.clear();
-                        node.down_until = Some(s.time + self.cfg.ttl + 1);
+                        down = self.cfg.ttl + 1;
                     }
                     _ => {
                         node.keyspace.restart();
                         node.writers.clear();
                     }
                 }
+                if self.cfg.fault == Fault::ClockBack {
+                    node.offset -= CLOCK_STEP_BACK;
+                }
+                node.down_until = Some(s.time + down);
             }
             Action::Replicate => {
                 let master = s.nodes[0].keyspace.clone();
@@ -1548,6 +1563,11 @@ impl LockModel {
                     node.keyspace.replicate_from(&replica);
                     node.keyspace.drop_connections();
                     node.lose_connections();
+                    // The promotion takes time, as a restart does.
+                    node.down_until = Some(s.time + self.cfg.restart_ms);
+                    if self.cfg.fault == Fault::FailoverClockLag {
+                        node.offset -= CLOCK_STEP_BACK;
+                    }
                 }
             }
             Action::Hold { client, node } => {
@@ -1691,8 +1711,14 @@ impl LockModel {
             Action::Pause(c) => format!("c{c} pauses"),
             Action::Resume(c) => format!("c{c} resumes"),
             Action::JumpClock(n) => format!("n{n}'s clock jumps forward by {}", self.cfg.ttl + 1),
+            Action::Restart(n) if self.cfg.fault == Fault::ClockBack => {
+                format!("n{n} restarts empty, its clock {CLOCK_STEP_BACK} ms behind")
+            }
             Action::Restart(n) => format!("n{n} restarts ({})", self.cfg.fault),
             Action::Replicate => "n0's replica catches up".to_owned(),
+            Action::Promote if self.cfg.fault == Fault::FailoverClockLag => {
+                format!("n0's replica, its clock {CLOCK_STEP_BACK} ms behind, is promoted")
+            }
             Action::Promote => "n0's replica is promoted".to_owned(),
             Action::Hold { client, node } => {
                 format!("c{client}'s request to n{node} is held up past the TTL")

@@ -71,6 +71,7 @@ matrix_rows! {
     reentrant_row_matches_the_expectations => Reentrant,
     redlock_row_matches_the_expectations => Redlock,
     fenced_row_matches_the_expectations => Fenced,
+    time_fenced_row_matches_the_expectations => TimeFenced,
     zset_semaphore_row_matches_the_expectations => ZsetSemaphore,
     fair_semaphore_row_matches_the_expectations => FairSemaphore,
     fair_semaphore_locked_row_matches_the_expectations => FairSemaphoreLocked,

@@ -106,6 +106,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
             1_000,
             vec![
                 Fault::ClockJump,
+                Fault::ClockBack,
                 Fault::Restart,
                 Fault::RestartDelayed,
                 Fault::RestartPersisted,
@@ -182,6 +183,7 @@ rows! {
     #[ignore = "about 10 minutes: run with `cargo test --release -p lockwright-model --test reductions -- --ignored`"]
     redlock_keeps_its_verdicts_without_reductions => Redlock,
     fenced_keeps_its_verdicts_without_reductions => Fenced,
+    time_fenced_keeps_its_verdicts_without_reductions => TimeFenced,
     zset_semaphore_keeps_its_verdicts_without_reductions => ZsetSemaphore,
     fair_semaphore_keeps_its_verdicts_without_reductions => FairSemaphore,
     #[ignore = "about 8 minutes: run with `cargo test --release -p lockwright-model --test reductions -- --ignored`"]

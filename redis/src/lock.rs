@@ -126,7 +126,10 @@ impl LockOptions {
 fn renews(protocol: ProtocolId) -> bool {
     matches!(
         protocol,
-        ProtocolId::Reentrant | ProtocolId::Fenced | ProtocolId::LeaseSemaphore
+        ProtocolId::Reentrant
+            | ProtocolId::Fenced
+            | ProtocolId::TimeFenced
+            | ProtocolId::LeaseSemaphore
     )
 }
 
@@ -155,6 +158,7 @@ fn key_type(protocol: ProtocolId) -> Option<&'static [&'static str]> {
         | ProtocolId::SetPxWatch
         | ProtocolId::SetPxLua
         | ProtocolId::Fenced
+        | ProtocolId::TimeFenced
         | ProtocolId::Redlock => Some(&["string"]),
         ProtocolId::Reentrant => Some(&["hash"]),
         _ => None,
@@ -478,6 +482,7 @@ impl Shared {
             | ProtocolId::SetPxGetDel
             | ProtocolId::SetPxWatch
             | ProtocolId::Fenced
+            | ProtocolId::TimeFenced
             | ProtocolId::SetnxDel
             | ProtocolId::SetnxExpire => (compare_and_delete(), false, true),
             // The machine undoes an unanswered round on every master itself.

@@ -10,8 +10,9 @@
 //! the model's clock is Redis' `TIME` at the start of the sequence plus the
 //! local time elapsed since, every TTL is either far above the test's
 //! duration (100 s and more) or zero/negative/in the past (expires at once),
-//! and remaining-time replies (`PTTL`, `TTL`, and the timestamps the lease
-//! scripts store) are compared within a small tolerance. Everything else is
+//! and remaining-time replies (`PTTL`, `TTL`, the timestamps the lease
+//! scripts store, and the clock fences `time-fenced-acquire` returns and
+//! stores) are compared within a small tolerance. Everything else is
 //! compared exactly, error texts included.
 //!
 //! `CI=true` runs 1,000 sequences; locally 100 (or `LOCKWRIGHT_CONFORMANCE_CASES`).
@@ -94,7 +95,9 @@ fn eval() -> impl Strategy<Value = Command> {
                 Script::ReentrantLock | Script::ReentrantRenew => {
                     (vec![ks[0].clone()], vec![ttl, token])
                 }
-                Script::FencedAcquire => (ks[..2].to_vec(), vec![token, ttl]),
+                Script::FencedAcquire | Script::TimeFencedAcquire => {
+                    (ks[..2].to_vec(), vec![token, ttl])
+                }
                 Script::LeaseAcquire => (ks, vec![token, ttl, limit]),
             };
             Command::Eval { script, keys, args }
@@ -321,6 +324,12 @@ fn same_dumped(real: &Dumped, model: &Dumped) -> bool {
                 && a.iter()
                     .zip(b)
                     .all(|((ma, sa), (mb, sb))| ma == mb && same_int(*sa, *sb))
+        }
+        // `time-fenced-acquire` stores the server clock in µs as the fence;
+        // the model's clock has whole milliseconds.
+        (Dumped::Str(a), Dumped::Str(b)) => {
+            a == b
+                || matches!((a.parse::<i64>(), b.parse::<i64>()), (Ok(x), Ok(y)) if same_int(x, y))
         }
         (a, b) => a == b,
     }

@@ -177,6 +177,44 @@ async fn fenced_issues_increasing_fences_and_renews_automatically() {
     assert_eq!(b.release().await, Ok(true));
 }
 
+/// The fence the adapter hands out after the node lost everything
+/// (`FLUSHALL` stands for a restart without persistence), for a fresh lock
+/// that held `fence` before.
+async fn fence_after_the_node_forgets(protocol: ProtocolId, redis: &RedisServer) -> (u64, u64) {
+    let lock = new_lock(&[redis], protocol.as_str(), options(protocol, 2_000));
+    let a = lock.try_acquire().await.unwrap().expect("granted");
+    let before = a.fence().expect("a fence").0;
+    assert_eq!(a.release().await, Ok(true));
+    let mut conn = redis.conn().await;
+    let _: () = raw(&mut conn, &mut redis::cmd("FLUSHALL")).await;
+    // Redis' clock moves on meanwhile, as it does across a real restart.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let b = lock.try_acquire().await.unwrap().expect("granted");
+    let after = b.fence().expect("a fence").0;
+    assert_eq!(b.release().await, Ok(true));
+    (before, after)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_fenced_fences_keep_growing_after_the_node_forgets_its_counter() {
+    let Some(redis) = redis_or_skip("time-fenced") else {
+        return;
+    };
+    let (before, after) = fence_after_the_node_forgets(ProtocolId::TimeFenced, &redis).await;
+    assert!(after > before, "time-fenced: {after} after {before}");
+    // The fence is Redis' clock in microseconds.
+    let mut conn = redis.conn().await;
+    let (secs, micros): (u64, u64) = raw(&mut conn, &mut redis::cmd("TIME")).await;
+    let now = secs * 1_000_000 + micros;
+    assert!(
+        after <= now && now - after < 60_000_000,
+        "{after} is the clock ({now})"
+    );
+    // The same with `fenced`'s counter alone: the fence starts over.
+    let (before, after) = fence_after_the_node_forgets(ProtocolId::Fenced, &redis).await;
+    assert_eq!((before, after), (1, 1), "fenced repeats its fence");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_when_renewal_finds_the_key_taken() {
     let Some(redis) = redis_or_skip("lost") else {

@@ -82,7 +82,10 @@ fn auto_renew_is_on_only_where_it_renews() {
         let options = LockOptions::new(protocol, Duration::from_secs(5));
         let renews = matches!(
             protocol,
-            ProtocolId::Reentrant | ProtocolId::Fenced | ProtocolId::LeaseSemaphore
+            ProtocolId::Reentrant
+                | ProtocolId::Fenced
+                | ProtocolId::TimeFenced
+                | ProtocolId::LeaseSemaphore
         );
         assert_eq!(options.auto_renew, renews, "{protocol}");
     }

@@ -47,6 +47,12 @@ pub enum Script {
     /// ttl ms. `SET NX PX`; on success `INCR`s the fence counter and returns
     /// the new fence, otherwise returns nil.
     FencedAcquire,
+    /// `KEYS[1]` lock key, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]`
+    /// ttl ms. As [`Script::FencedAcquire`], but the fence is
+    /// `max(stored + 1, server TIME in µs)`: it reads `TIME`, `INCR`s the
+    /// counter and, when the result is below the clock, stores the clock's
+    /// reading instead. Returns the new fence, or nil when the key exists.
+    TimeFencedAcquire,
     /// `KEYS[1]` permits zset (member = permit token, score = deadline on the
     /// server clock in ms), `KEYS[2]` fence counter, `KEYS[3]` limit key,
     /// `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` limit used when the limit
@@ -67,13 +73,14 @@ pub enum Script {
 
 impl Script {
     /// Every script, in a fixed order.
-    pub const ALL: [Script; 9] = [
+    pub const ALL: [Script; 10] = [
         Script::CompareAndDelete,
         Script::CompareAndPExpire,
         Script::ReentrantLock,
         Script::ReentrantUnlock,
         Script::ReentrantRenew,
         Script::FencedAcquire,
+        Script::TimeFencedAcquire,
         Script::LeaseAcquire,
         Script::LeaseRelease,
         Script::LeaseRenew,
@@ -88,6 +95,7 @@ impl Script {
             Script::ReentrantUnlock => "reentrant-unlock",
             Script::ReentrantRenew => "reentrant-renew",
             Script::FencedAcquire => "fenced-acquire",
+            Script::TimeFencedAcquire => "time-fenced-acquire",
             Script::LeaseAcquire => "lease-acquire",
             Script::LeaseRelease => "lease-release",
             Script::LeaseRenew => "lease-renew",
@@ -150,6 +158,20 @@ return 0"#
   return nil
 end
 local fence = redis.call('incr', KEYS[2])
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return fence"#
+            }
+            Script::TimeFencedAcquire => {
+                r#"if redis.call('exists', KEYS[1]) == 1 then
+  return nil
+end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local fence = redis.call('incr', KEYS[2])
+if fence < now then
+  fence = now
+  redis.call('set', KEYS[2], string.format('%d', now))
+end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return fence"#
             }
@@ -271,22 +293,30 @@ impl Lua<'_> {
         parse_i64(&self.arg(i)?).ok_or_else(|| Reply::Error(NOT_AN_INTEGER.into()))
     }
 
-    /// `redis.call('time')` turned into milliseconds, as the lease scripts
-    /// do: `t[1] * 1000 + floor(t[2] / 1000)`.
-    fn time_ms(&mut self) -> Result<i64, Reply> {
+    /// `redis.call('time')` as (seconds, microseconds).
+    fn time(&mut self) -> Result<(i64, i64), Reply> {
         let reply = self.call(Command::Time)?;
         let part = |i: usize| match &reply {
             Reply::Array(items) => items.get(i).and_then(Reply::as_str).and_then(parse_i64),
             _ => None,
         };
-        match (part(0), part(1)) {
-            (Some(secs), Some(micros)) => {
-                Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
-            }
-            _ => Err(Reply::Error(
-                "ERR user_script: unexpected TIME reply".into(),
-            )),
-        }
+        part(0)
+            .zip(part(1))
+            .ok_or_else(|| Reply::Error("ERR user_script: unexpected TIME reply".into()))
+    }
+
+    /// `redis.call('time')` turned into milliseconds, as the lease scripts
+    /// do: `t[1] * 1000 + floor(t[2] / 1000)`.
+    fn time_ms(&mut self) -> Result<i64, Reply> {
+        let (secs, micros) = self.time()?;
+        Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
+    }
+
+    /// `redis.call('time')` turned into microseconds, as
+    /// `time-fenced-acquire` does: `t[1] * 1000000 + t[2]`.
+    fn time_us(&mut self) -> Result<i64, Reply> {
+        let (secs, micros) = self.time()?;
+        Ok(secs.saturating_mul(1_000_000).saturating_add(micros))
     }
 }
 
@@ -330,7 +360,8 @@ impl Keyspace {
             Script::ReentrantLock => reentrant_lock(&mut lua),
             Script::ReentrantUnlock => reentrant_unlock(&mut lua),
             Script::ReentrantRenew => reentrant_renew(&mut lua),
-            Script::FencedAcquire => fenced_acquire(&mut lua),
+            Script::FencedAcquire => fenced_acquire(&mut lua, FenceSource::Counter),
+            Script::TimeFencedAcquire => fenced_acquire(&mut lua, FenceSource::CounterOrClock),
             Script::LeaseAcquire => lease_acquire(&mut lua),
             Script::LeaseRelease => lease_release(&mut lua),
             Script::LeaseRenew => lease_renew(&mut lua),
@@ -444,7 +475,17 @@ fn reentrant_renew(lua: &mut Lua<'_>) -> Run {
     Ok(Reply::Int(1))
 }
 
-fn fenced_acquire(lua: &mut Lua<'_>) -> Run {
+/// Where a fence-issuing grant takes its fence from.
+#[derive(Clone, Copy)]
+enum FenceSource {
+    /// `INCR` of the stored counter (`fenced-acquire`).
+    Counter,
+    /// `max(INCR of the stored counter, TIME in µs)`, the larger one stored
+    /// (`time-fenced-acquire`).
+    CounterOrClock,
+}
+
+fn fenced_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
     // The fence is issued before the key is set, so that a fence that
     // cannot be issued (a non-number at the fence key) leaves no lock key
     // behind: a script's error does not undo its earlier writes.
@@ -455,8 +496,26 @@ fn fenced_acquire(lua: &mut Lua<'_>) -> Run {
     {
         return Ok(Reply::Nil);
     }
+    let clock = match source {
+        FenceSource::Counter => None,
+        FenceSource::CounterOrClock => Some(lua.time_us()?),
+    };
     let fence_key = lua.key(1)?;
-    let fence = lua.call(Command::Incr { key: fence_key })?;
+    let mut fence = lua.call(Command::Incr {
+        key: fence_key.clone(),
+    })?;
+    if let (Some(now), Some(counted)) = (clock, fence.as_int()) {
+        if counted < now {
+            fence = Reply::Int(now);
+            lua.call(Command::Set {
+                key: fence_key,
+                value: now.to_string(),
+                condition: SetCondition::Always,
+                expiry: SetExpiry::None,
+                get: false,
+            })?;
+        }
+    }
     let value = lua.arg(0)?;
     // SET parses PX as an integer; a non-positive one is refused by SET
     // itself with "invalid expire time".

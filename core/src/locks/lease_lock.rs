@@ -1,7 +1,7 @@
 //! The mechanism shared by the `SET NX PX` family: `set-px-get-del`,
-//! `set-px-watch`, `set-px-lua` and `fenced`.
+//! `set-px-watch`, `set-px-lua`, `fenced` and `time-fenced`.
 //!
-//! All four write a random owner token under `{name}` with a TTL and measure
+//! All five write a random owner token under `{name}` with a TTL and measure
 //! their validity from the send time of the acquiring request:
 //! `valid_until = sent_at + ttl − drift`. They differ in how a release or an
 //! extend makes sure it touches only its own key:
@@ -12,10 +12,10 @@
 //! | [`Guard::Watch`] | `WATCH`, `GET`, compare, `MULTI … EXEC` (aborts and retries when the key changed) |
 //! | [`Guard::Script`] | one compare-and-act script (atomic) |
 //!
-//! and in how they acquire ([`Grant::SetNxPx`] or the fence-issuing
-//! [`Grant::FencedScript`]).
+//! and in how they acquire ([`Grant::SetNxPx`] or one of the fence-issuing
+//! scripts, [`Grant::FencedScript`] and [`Grant::TimeFencedScript`]).
 //!
-//! All four are one recipe, [`SetPxRecipe`], run by the
+//! All five are one recipe, [`SetPxRecipe`], run by the
 //! [engine](crate::engine); [`Guard::Watch`] uses the engine's one watched
 //! release step, so an `UNWATCH` or `EXEC` reply is checked the same way as
 //! in `setnx-del`.
@@ -48,6 +48,20 @@ pub(crate) enum Grant {
     SetNxPx,
     /// The `fenced-acquire` script: `SET NX PX` and `INCR` of the fence counter.
     FencedScript,
+    /// The `time-fenced-acquire` script: `SET NX PX` and a fence of
+    /// `max(counter + 1, server TIME in µs)`.
+    TimeFencedScript,
+}
+
+impl Grant {
+    /// The script that issues the fence, for the fence-issuing grants.
+    fn fence_script(self) -> Option<Script> {
+        match self {
+            Grant::SetNxPx => None,
+            Grant::FencedScript => Some(Script::FencedAcquire),
+            Grant::TimeFencedScript => Some(Script::TimeFencedAcquire),
+        }
+    }
 }
 
 /// Where a request sequence of a lease lock is.
@@ -135,16 +149,16 @@ impl SetPxRecipe {
     }
 
     fn grant_command(&self) -> Command {
-        match self.grant {
-            Grant::SetNxPx => Command::Set {
+        match self.grant.fence_script() {
+            None => Command::Set {
                 key: self.key.clone(),
                 value: self.token.0.clone(),
                 condition: SetCondition::Nx,
                 expiry: SetExpiry::Px(self.ttl_ms),
                 get: false,
             },
-            Grant::FencedScript => Command::Eval {
-                script: Script::FencedAcquire,
+            Some(script) => Command::Eval {
+                script,
                 keys: vec![self.key.clone(), self.fence_key.clone()],
                 args: vec![self.token.0.clone(), self.ttl_ms.to_string()],
             },
@@ -183,7 +197,7 @@ impl Recipe for SetPxRecipe {
         match (step, reply) {
             (Step::Grant, Reply::Nil) => Next::NotGranted,
             (Step::Grant, r) if self.grant == Grant::SetNxPx && r.is_ok() => Next::Granted(None),
-            (Step::Grant, Reply::Int(f)) if self.grant == Grant::FencedScript && f > 0 => {
+            (Step::Grant, Reply::Int(f)) if self.grant != Grant::SetNxPx && f > 0 => {
                 Next::Granted(Some(Fence(f as u64)))
             }
             (Step::Grant, reply) => Next::Abort(ProtocolError::UnexpectedReply {

@@ -11,3 +11,4 @@ pub mod set_px_watch;
 pub mod setnx_del;
 pub mod setnx_expire;
 pub mod setnx_getset;
+pub mod time_fenced;
