@@ -21,10 +21,17 @@
 //! a holder may use all of it), check its validity, write to the protected
 //! resource, release. The check and the write are separate steps, so a
 //! pause can fall between them. A retry fires when its machine armed it or
-//! at any instant up to [`ModelConfig::retry_jitter`] later, as the
-//! adapter's jittered backoff may ([`Reductions::one_late_retry`] lets one
-//! retry per run do so). A client whose acquire gives up still wanted the
-//! lock: `progress` counts it as waiting.
+//! at any instant (a model instant, not any millisecond) up to
+//! [`ModelConfig::retry_jitter`] later. The adapter's jittered backoff draws
+//! each delay from `[exp/2, exp]`, earlier than the longest; the machines
+//! here draw the longest (no jitter) and the model shifts a retry later
+//! instead: what the jitter changes is where one client's retries fall
+//! against another's and against expiries, and a fixed 1 s window later
+//! gives such shifts, though not the adapter's exact range
+//! ([`Reductions::one_late_retry`] opens the window for one retry per run).
+//! A client whose acquire gives up still wanted the lock: `progress` counts
+//! it as waiting (in the model only error replies that repeat make an
+//! acquire fail: a missing limit key; a transport error is retried).
 //!
 //! # The network
 //!
@@ -83,8 +90,10 @@ pub struct ModelConfig {
     /// Largest retry delay.
     pub retry_max: u64,
     /// Retry jitter, ms of the client's clock: a retry the machine armed
-    /// for `d` fires at any instant from `d` to `d + retry_jitter`, as the
-    /// adapter's jittered backoff may (see [`LockModel::may_defer`]).
+    /// for `d` fires at any instant from `d` to `d + retry_jitter`, shifting
+    /// clients' retries against each other as the adapter's jittered
+    /// backoff does (it draws earlier delays, see the module docs and
+    /// [`LockModel::may_defer`]).
     pub retry_jitter: u64,
     /// True time at which exploration stops.
     pub horizon: u64,
@@ -123,10 +132,13 @@ pub struct Reductions {
     /// runs the request: the whole round trip's latency is the request's.
     /// See [`Action::RoundTrip`] for why that keeps the verdicts.
     pub prompt_replies: bool,
-    /// At most one retry per run fires late (within
-    /// [`ModelConfig::retry_jitter`]); the others fire when the machine
-    /// armed them. One late retry is what lines a rival's attempt up with
-    /// an expiry or a release; every later retry's instant shifts with it.
+    /// The window of [`ModelConfig::retry_jitter`] stays open until one
+    /// retry per run has fired late; then retries fire when the machine
+    /// armed them. (A client whose window was open when another's late
+    /// retry closed them all fires at once, so a run may hold two late
+    /// retries; a client paused past its retry that fires on resuming
+    /// counts as late too.) One late retry is what lines a rival's attempt
+    /// up with an expiry or a release; every later retry shifts with it.
     pub one_late_retry: bool,
 }
 
@@ -820,7 +832,8 @@ impl LockModel {
     /// [`ModelConfig::retry_jitter`] a retry fires at any instant up to the
     /// jitter after its machine armed it: the machine drew the shortest
     /// delay, the driver sleeps any delay up to the jitter longer (the
-    /// adapter's jittered backoff draws from such a range), as long as the
+    /// adapter's backoff draws from a range too, below its longest delay),
+    /// as long as the
     /// run has a late retry left ([`Reductions::one_late_retry`]). A client
     /// waits for its retry when it is acquiring with nothing in flight and
     /// nothing to read.

@@ -36,9 +36,46 @@ fn verdicts(cfg: ModelConfig) -> (Vec<(String, Verdict)>, usize) {
     (verdicts, run.states)
 }
 
+/// The faults the costly comparisons (prompt delivery, any number of late
+/// retries) run under: every fault with `LOCKWRIGHT_FULL_REDUCTIONS=1`
+/// (about 40 minutes in release on 2 cores), else the ones whose unreduced
+/// runs stay small enough for every test run.
+fn costly_faults() -> Vec<Fault> {
+    if std::env::var("LOCKWRIGHT_FULL_REDUCTIONS").is_ok_and(|v| v == "1") {
+        return Fault::ALL.to_vec();
+    }
+    println!(
+        "prompt delivery and one late retry: compared under none, client-skew, clock-jump, crash \
+         and restart only; set LOCKWRIGHT_FULL_REDUCTIONS=1 for every fault"
+    );
+    vec![
+        Fault::None,
+        Fault::ClientSkew,
+        Fault::ClockJump,
+        Fault::Crash,
+        Fault::Restart,
+    ]
+}
+
+/// A difference the reductions are known to make, found by this test and
+/// kept here so that the published verdict can say so: with any number of
+/// late retries, `lease-semaphore` under `delay` violates mutual exclusion
+/// (a client whose grant's reply was lost sends an undo release, the undo
+/// is held up past the TTL, the client retries late, is granted again
+/// under the same token, and the late undo removes that new permit, so a
+/// rival's late retry is admitted beside it). It needs two late retries;
+/// the default bound allows one.
+const KNOWN_GAPS: [(ProtocolId, Fault, &str, &str); 1] = [(
+    ProtocolId::LeaseSemaphore,
+    Fault::Delay,
+    "one late retry",
+    "mutual-exclusion",
+)];
+
 /// Each reduction with the faults it can change anything under.
 fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fault>)> {
     let all = Reductions::ALL;
+    let costly = costly_faults();
     let client_faults = vec![Fault::Crash, Fault::Pause, Fault::Delay];
     let mut out = vec![
         (
@@ -74,7 +111,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
                     Fault::Restart,
                 ]
             } else {
-                Fault::ALL.to_vec()
+                costly.clone()
             },
         ),
         (
@@ -84,7 +121,14 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
                 ..all
             },
             1_000,
-            Fault::ALL.to_vec(),
+            if protocol == ProtocolId::LeaseSemaphore {
+                // The known gap, checked on every run.
+                let mut f = costly.clone();
+                f.push(Fault::Delay);
+                f
+            } else {
+                costly.clone()
+            },
         ),
         (
             "prompt replies",
@@ -119,6 +163,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
 
 fn compare(protocol: ProtocolId) {
     let mut differ = Vec::new();
+    let mut seen_gaps = Vec::new();
     for (name, off, extra, faults) in switches(protocol) {
         for fault in faults {
             let (reduced, a) = verdicts(small(protocol, fault, Reductions::ALL, extra));
@@ -139,8 +184,17 @@ fn compare(protocol: ProtocolId) {
             let delayed = reduced.iter().zip(&full).all(|((p, r), (_, f))| {
                 r == f || (*r == Verdict::Holds && default_verdict(protocol, fault, p))
             });
+            let known = reduced.iter().zip(&full).all(|((p, r), (_, f))| {
+                r == f
+                    || KNOWN_GAPS.iter().any(|&(kp, kf, kn, kprop)| {
+                        (kp, kf, kn, kprop) == (protocol, fault, name, p.as_str())
+                    })
+            });
             if delayed {
                 println!("  found only later with it, and at the default bounds: {full:?}");
+            } else if known {
+                println!("  a known gap of the reduction (KNOWN_GAPS): {full:?}");
+                seen_gaps.push((protocol, fault, name));
             } else {
                 differ.push(format!(
                     "{protocol} {fault}: with {name} {reduced:?}, without {full:?}"
@@ -149,6 +203,16 @@ fn compare(protocol: ProtocolId) {
         }
     }
     assert!(differ.is_empty(), "verdicts differ:\n{}", differ.join("\n"));
+    // A known gap that no longer shows is news too: drop it from the list
+    // and from the README.
+    for &(kp, kf, kn, _) in &KNOWN_GAPS {
+        if kp == protocol {
+            assert!(
+                seen_gaps.contains(&(kp, kf, kn)),
+                "{kp} {kf}: the known gap of {kn} no longer shows"
+            );
+        }
+    }
 }
 
 /// Is `property` violated for `protocol` under `fault` at the default
