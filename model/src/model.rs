@@ -903,7 +903,8 @@ impl LockModel {
     /// client's obligation, a key's expiry on some node, a node coming back
     /// up. Messages stay in flight while it passes, up to their deadlines.
     /// With [`Reductions::prompt_delivery`] a deadline is not an instant of
-    /// its own: a message must arrive before the next instant at which
+    /// its own (unless a late retry may fire then, see
+    /// [`LockModel::may_retry_at`]): a message must arrive before the next instant at which
     /// something else changes when that instant lies beyond its deadline.
     /// What it gives up is arriving later within a stretch in which nothing
     /// changes: the same order of events, with node clocks read later (a
