@@ -54,6 +54,7 @@ use lockwright_core::keyspace::{Entry, Reply, Value};
 use lockwright_core::sim::SplitMix64;
 use lockwright_core::ProtocolId;
 use lockwright_core::{Millis, Outcome};
+use lockwright_model::cache::Cache;
 use lockwright_model::docs::CellResult;
 use lockwright_model::matrix::{self, Trace, Verdict as CheckVerdict};
 use lockwright_model::model::Phase;
@@ -172,9 +173,14 @@ pub struct Case {
 }
 
 /// The violated cells of one (protocol, fault) run with their shortest
-/// counterexamples (the same search the docs use), in property order.
-pub fn cases(protocol: ProtocolId, fault: Fault) -> Result<Vec<Case>, ChaosError> {
-    let result = lockwright_model::docs::compute_cell(protocol, fault)?;
+/// counterexamples (the same run and search the docs use), in property
+/// order; the run is read from `cache` when it holds it.
+pub fn cases(
+    protocol: ProtocolId,
+    fault: Fault,
+    cache: Option<&Cache>,
+) -> Result<Vec<Case>, ChaosError> {
+    let result = lockwright_model::docs::compute_cell(protocol, fault, cache)?;
     Ok(split(protocol, fault, result)?.0)
 }
 
@@ -190,9 +196,10 @@ pub struct Plan {
 }
 
 /// The plan for the whole matrix, computed on `threads` worker threads by
-/// the search the docs use ([`lockwright_model::docs::compute`]).
-pub fn plan(threads: usize) -> Result<Plan, ChaosError> {
-    let computed = lockwright_model::docs::compute(threads)?;
+/// the runs the docs use ([`lockwright_model::docs::compute`]), each read
+/// from `cache` when it holds it and stored there when computed.
+pub fn plan(threads: usize, cache: Option<&Cache>) -> Result<Plan, ChaosError> {
+    let computed = lockwright_model::docs::compute(threads, cache)?;
     let mut plan = Plan {
         violated: Vec::new(),
         holds: Vec::new(),

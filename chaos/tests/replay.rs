@@ -18,12 +18,20 @@ use common::docker_ready;
 use lockwright_chaos::replay::{cases, plan, Bench, Case, ReplayOptions, Suite, Verdict};
 use lockwright_chaos::{Cluster, NodeOptions};
 use lockwright_core::ProtocolId;
+use lockwright_model::cache::Cache;
 use lockwright_model::matrix;
 use lockwright_model::model::Phase;
 use lockwright_model::{Fault, PropertyId};
 
+/// The cache of checked cells the model tests share (`target/tmp`, the
+/// same for every test binary of the workspace): whichever test needs a
+/// cell first computes it.
+fn cache() -> Cache {
+    Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("matrix-cache"))
+}
+
 fn case(protocol: ProtocolId, fault: Fault, property: PropertyId) -> Case {
-    cases(protocol, fault)
+    cases(protocol, fault, Some(&cache()))
         .expect("the model checks")
         .into_iter()
         .find(|c| c.property == property)
@@ -39,7 +47,9 @@ async fn every_counterexample_of_the_matrix_replays_on_real_redis() {
     // A table from an earlier run is never shown as this one's.
     let table = Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay.md");
     let _ = std::fs::remove_file(&table);
-    let plan = plan(2).expect("the model checks");
+    let cache = cache();
+    let plan = plan(2, Some(&cache)).expect("the model checks");
+    eprintln!("{}", cache.summary());
     eprintln!(
         "{} violated cells, {} runs with a property that holds; checked in {:.0} s",
         plan.violated.len(),
@@ -138,9 +148,10 @@ async fn caught(c: &Case, mutation: ReplayOptions) {
 /// behind or ahead of the model's (the deadline Redis stores for the first
 /// `SET … PX` differs from the model's by that millisecond); a restart or a
 /// failover that is not carried out (the node still holds the first lock,
-/// or for `time-fenced` still has the fence counter, so the second fence is
-/// the counter's and not the stepped-back clock's); node clocks at 0 under
-/// `time-fenced` (every fence is the counter's).
+/// or for `time-fenced` and `time-fenced-semaphore` still has the fence
+/// counter, so the second fence is the counter's and not the stepped-back
+/// clock's); node clocks at 0 under `time-fenced` (every fence is the
+/// counter's).
 #[tokio::test]
 async fn deliberate_faults_in_the_harness_are_caught() {
     if !docker_ready() {
@@ -220,26 +231,31 @@ async fn deliberate_faults_in_the_harness_are_caught() {
                 ..faithful
             },
         ),
+        (
+            ProtocolId::TimeFencedSemaphore,
+            Fault::ClockBack,
+            PropertyId::FencedResource,
+            ReplayOptions {
+                node_faults: false,
+                ..faithful
+            },
+        ),
     ];
     for (protocol, fault, property, mutation) in mutations {
         caught(&case(protocol, fault, property), mutation).await;
     }
 }
 
-/// `time-fenced` on real Redis: after a real restart (SIGKILL and start of
-/// the container) and after a real promotion of a replica that never
-/// received the first grant, the second holder's fence, issued by the real
-/// script from the node's clock, is above the first holder's, so the
+/// A time-fenced protocol on real Redis: after a real restart (SIGKILL and
+/// start of the container) and after a real promotion of a replica that
+/// never received the first grant, the second holder's fence, issued by the
+/// real script from the node's clock, is above the first holder's, so the
 /// resource refuses the superseded holder's write. The shortest
 /// counterexample of mutual exclusion is the scenario: both believe they
 /// hold, and the replay requires Redis' fences to equal the model's.
-#[tokio::test]
-async fn time_fenced_fences_grow_across_a_real_restart_and_a_real_promotion() {
-    if !docker_ready() {
-        return;
-    }
+async fn fences_grow_across_a_real_restart_and_a_real_promotion(protocol: ProtocolId) {
     for fault in [Fault::Restart, Fault::Failover] {
-        let c = case(ProtocolId::TimeFenced, fault, PropertyId::MutualExclusion);
+        let c = case(protocol, fault, PropertyId::MutualExclusion);
         let last = &c.trace.last().expect("a trace has states").0;
         let mut holds: Vec<(u32, u64)> = last
             .clients
@@ -252,18 +268,37 @@ async fn time_fenced_fences_grow_across_a_real_restart_and_a_real_promotion() {
             })
             .collect();
         holds.sort();
-        assert_eq!(holds.len(), 2, "time-fenced × {fault}: two holders");
+        assert_eq!(holds.len(), 2, "{protocol} × {fault}: two holders");
         assert!(
             holds[0].1 < holds[1].1,
-            "time-fenced × {fault}: the later grant has the higher fence: {holds:?}"
+            "{protocol} × {fault}: the later grant has the higher fence: {holds:?}"
         );
         let replay = Bench::new()
             .replay(&c.model, &c.trace, ReplayOptions::default())
             .await
             .expect("the harness runs");
-        assert_eq!(replay.verdict, Verdict::Reproduced, "time-fenced × {fault}");
+        assert_eq!(replay.verdict, Verdict::Reproduced, "{protocol} × {fault}");
         assert!(replay.node_faults > 0, "a real {fault} was carried out");
     }
+}
+
+/// `time-fenced`: see [`fences_grow_across_a_real_restart_and_a_real_promotion`].
+#[tokio::test]
+async fn time_fenced_fences_grow_across_a_real_restart_and_a_real_promotion() {
+    if !docker_ready() {
+        return;
+    }
+    fences_grow_across_a_real_restart_and_a_real_promotion(ProtocolId::TimeFenced).await;
+}
+
+/// `time-fenced-semaphore`: the permits are forgotten (two holders of a
+/// one-permit semaphore), the fence is not.
+#[tokio::test]
+async fn time_fenced_semaphore_fences_grow_across_a_real_restart_and_a_real_promotion() {
+    if !docker_ready() {
+        return;
+    }
+    fences_grow_across_a_real_restart_and_a_real_promotion(ProtocolId::TimeFencedSemaphore).await;
 }
 
 /// A trace is only replayed by the model that produced it: a pause under

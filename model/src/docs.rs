@@ -1,6 +1,7 @@
 //! The scenario catalogue in `docs/`, generated from the model.
 //!
-//! [`generate`] checks every (protocol, fault) cell with [`matrix::check`],
+//! [`generate`] checks every (protocol, fault) cell with
+//! [`matrix::standard_run`] (through a [`Cache`] when given one), which also
 //! finds the shortest counterexample of every violated property, and renders
 //!
 //! - `verdicts.md`: the whole matrix (the nine fault columns and the restart
@@ -20,18 +21,14 @@
 //!
 //! # Shortest counterexamples
 //!
-//! Stateright's breadth-first checker keeps the *last* violating state it
-//! meets for a property, and with several threads which one that is varies
-//! from run to run. The pages need traces that are both shortest and
-//! repeatable, so [`shortest_counterexamples`] runs its own single-threaded
-//! breadth-first search over the same model ([`LockModel::enabled`],
-//! [`LockModel::step`], [`LockModel::holds_in`]) and keeps the *first*
-//! violating state of each property: no counterexample is shorter, and ties
-//! are broken by the model's action order.
+//! The pages need traces that are both shortest and repeatable; they are
+//! those of [`matrix::shortest_counterexamples`], the same search `explain`,
+//! the matrix test and the replay use.
 
+use crate::cache::Cache;
 use crate::fault::{Fault, PropertyId};
 use crate::matrix::{self, Cell, CheckError, Rule, Trace, Verdict};
-use crate::model::{Action, LockModel, ModelConfig, State};
+use crate::model::ModelConfig;
 use crate::trace;
 use lockwright_core::keyspace::{
     Command, ConnId, Keyspace, Reply, ScoreBound, Script, SetCondition, SetExpiry,
@@ -40,10 +37,8 @@ use lockwright_core::{
     catalogue, Acquire, ConfigError, Event, Kind, Lease, Machine, Millis, Outcome, Protocol,
     ProtocolId, Token,
 };
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -71,8 +66,8 @@ pub enum DocsError {
         /// Why.
         source: ConfigError,
     },
-    /// The checker and the counterexample search disagree, or a replayed
-    /// trace does not reach the state it was found at.
+    /// The generation found something that cannot be (a worker panicked, a
+    /// recorded request went to a node that does not exist).
     #[error("inconsistent: {0}")]
     Inconsistent(String),
     /// Writing the files failed.
@@ -126,7 +121,7 @@ impl Docs {
 /// Everything the checker computed for one (protocol, fault) cell.
 #[derive(Clone, Debug)]
 pub struct CellResult {
-    /// One verdict per property, from [`matrix::check`].
+    /// One verdict per property, from [`matrix::standard_run`].
     pub cells: Vec<Cell>,
     /// The shortest counterexample of every violated property.
     pub traces: BTreeMap<PropertyId, Trace>,
@@ -140,8 +135,9 @@ pub struct Computed {
 }
 
 /// Check every protocol under every fault on `threads` worker threads (each
-/// cell single-threaded, so the result does not depend on scheduling).
-pub fn compute(threads: usize) -> Result<Computed, DocsError> {
+/// cell single-threaded, so the result does not depend on scheduling),
+/// reading and storing cells in `cache` when given one.
+pub fn compute(threads: usize, cache: Option<&Cache>) -> Result<Computed, DocsError> {
     let jobs: Vec<(ProtocolId, Fault)> = ProtocolId::all()
         .flat_map(|p| Fault::ALL.into_iter().map(move |f| (p, f)))
         .collect();
@@ -153,7 +149,7 @@ pub fn compute(threads: usize) -> Result<Computed, DocsError> {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(p, f)) = jobs.get(i) else { return };
-                match compute_cell(p, f) {
+                match compute_cell(p, f, cache) {
                     Ok(r) => {
                         if let Ok(mut m) = results.lock() {
                             m.insert((p, f), r);
@@ -188,148 +184,27 @@ pub fn compute(threads: usize) -> Result<Computed, DocsError> {
 
 /// Check one (protocol, fault) run and find the shortest counterexample of
 /// every violated property: one cell of [`compute`].
-pub fn compute_cell(protocol: ProtocolId, fault: Fault) -> Result<CellResult, DocsError> {
-    let run = matrix::check(protocol, fault, 1, false)?;
-    let violated: Vec<PropertyId> = run
+pub fn compute_cell(
+    protocol: ProtocolId,
+    fault: Fault,
+    cache: Option<&Cache>,
+) -> Result<CellResult, DocsError> {
+    let run = matrix::standard_run(protocol, fault, cache)?;
+    let traces = run
         .cells
         .iter()
-        .filter(|c| c.verdict == Verdict::Violated)
-        .map(|c| c.property)
+        .filter_map(|c| Some((c.property, c.trace.clone()?)))
         .collect();
-    let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())?;
-    let traces = shortest_counterexamples(&model, &violated)?;
     Ok(CellResult {
         cells: run.cells,
         traces,
     })
 }
 
-/// Fingerprints are already hashes: the map of parents uses them as they are.
-#[derive(Clone, Copy, Debug, Default)]
-struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-type Parents = HashMap<u64, Option<(u64, usize)>, std::hash::BuildHasherDefault<Identity>>;
-
-fn fingerprint(state: &State) -> u64 {
-    let mut h = DefaultHasher::new();
-    state.hash(&mut h);
-    h.finish()
-}
-
-/// The shortest counterexample of each property in `wanted`, by one
-/// single-threaded breadth-first search that stops when all are found. Every
-/// property in `wanted` must be violated somewhere (the checker said so);
-/// otherwise this is an [`DocsError::Inconsistent`].
-pub fn shortest_counterexamples(
-    model: &LockModel,
-    wanted: &[PropertyId],
-) -> Result<BTreeMap<PropertyId, Trace>, DocsError> {
-    let mut found: BTreeMap<PropertyId, u64> = BTreeMap::new();
-    if wanted.is_empty() {
-        return Ok(BTreeMap::new());
-    }
-    let init = model.initial();
-    let init_fp = fingerprint(&init);
-    let mut parents = Parents::default();
-    parents.insert(init_fp, None);
-    for &p in wanted {
-        if !model.holds_in(p, &init) {
-            found.insert(p, init_fp);
-        }
-    }
-    let mut queue: VecDeque<(State, u64)> = VecDeque::from([(init.clone(), init_fp)]);
-    let mut actions: Vec<Action> = Vec::new();
-    while found.len() < wanted.len() {
-        let Some((state, fp)) = queue.pop_front() else {
-            break;
-        };
-        actions.clear();
-        model.enabled(&state, &mut actions);
-        for (i, action) in actions.iter().enumerate() {
-            let Some(next) = model.step(&state, action) else {
-                continue;
-            };
-            let next_fp = fingerprint(&next);
-            if parents.contains_key(&next_fp) {
-                continue;
-            }
-            parents.insert(next_fp, Some((fp, i)));
-            for &p in wanted {
-                if !found.contains_key(&p) && !model.holds_in(p, &next) {
-                    found.insert(p, next_fp);
-                }
-            }
-            queue.push_back((next, next_fp));
-        }
-    }
-    let mut traces = BTreeMap::new();
-    for &p in wanted {
-        let Some(&target) = found.get(&p) else {
-            return Err(DocsError::Inconsistent(format!(
-                "{} {}: the checker found {p} violated, the search did not",
-                model.cfg.protocol, model.cfg.fault
-            )));
-        };
-        traces.insert(p, replay(model, &init, &parents, target)?);
-    }
-    Ok(traces)
-}
-
-fn replay(
-    model: &LockModel,
-    init: &State,
-    parents: &Parents,
-    target: u64,
-) -> Result<Trace, DocsError> {
-    let mut choices = Vec::new();
-    let mut at = target;
-    while let Some(Some((parent, i))) = parents.get(&at) {
-        choices.push(*i);
-        at = *parent;
-    }
-    choices.reverse();
-    let mut trace: Trace = Vec::new();
-    let mut state = init.clone();
-    let mut actions = Vec::new();
-    for i in choices {
-        actions.clear();
-        model.enabled(&state, &mut actions);
-        let action = actions
-            .get(i)
-            .cloned()
-            .ok_or_else(|| DocsError::Inconsistent("replay: action index out of range".into()))?;
-        let next = model
-            .step(&state, &action)
-            .ok_or_else(|| DocsError::Inconsistent("replay: action not applicable".into()))?;
-        trace.push((state, Some(action)));
-        state = next;
-    }
-    if fingerprint(&state) != target {
-        return Err(DocsError::Inconsistent(
-            "replay: fingerprint collision".into(),
-        ));
-    }
-    trace.push((state, None));
-    Ok(trace)
-}
-
-/// Check everything and render every generated file.
-pub fn generate(threads: usize) -> Result<Docs, DocsError> {
-    let computed = compute(threads)?;
+/// Check everything (through `cache` when given one) and render every
+/// generated file.
+pub fn generate(threads: usize, cache: Option<&Cache>) -> Result<Docs, DocsError> {
+    let computed = compute(threads, cache)?;
     render(&computed)
 }
 
@@ -454,7 +329,7 @@ fn verdicts_md(computed: &Computed, rules: &[Rule]) -> String {
         s,
         "<!-- Generated by `lockwright docs`; do not edit. Regenerate with `{REGENERATE}`. -->\n"
     );
-    let _ = writeln!(s, "Every cell is computed by the model checker (`lockwright_model::matrix::check`): the core's own machines, Redis nodes as the core's keyspace model, and one fault class per column. Each cell lists the properties the checker found **violated**; `ok` means all four hold within the bounds. A link leads to the protocol page with the shortest counterexample. `!` marks a verdict that differs from `model/expectations.txt` (none should).\n");
+    let _ = writeln!(s, "Every cell is computed by the model checker (`lockwright_model::matrix::standard_run`): the core's own machines, Redis nodes as the core's keyspace model, and one fault class per column. Each cell lists the properties the checker found **violated**; `ok` means all four hold within the bounds. A link leads to the protocol page with the shortest counterexample. `!` marks a verdict that differs from `model/expectations.txt` (none should).\n");
     let _ = writeln!(
         s,
         "Bounds: {} (three nodes for `redlock`).\n",
@@ -749,6 +624,7 @@ fn machine_file(id: ProtocolId) -> &'static str {
         ProtocolId::FairSemaphoreLocked => "semaphores/fair_semaphore_locked.rs",
         ProtocolId::WatchSemaphore => "semaphores/watch_semaphore.rs",
         ProtocolId::LeaseSemaphore => "semaphores/lease_semaphore.rs",
+        ProtocolId::TimeFencedSemaphore => "semaphores/time_fenced_semaphore.rs",
     }
 }
 
@@ -773,6 +649,9 @@ fn source(id: ProtocolId) -> &'static str {
         }
         ProtocolId::WatchSemaphore => include_str!("../../core/src/semaphores/watch_semaphore.rs"),
         ProtocolId::LeaseSemaphore => include_str!("../../core/src/semaphores/lease_semaphore.rs"),
+        ProtocolId::TimeFencedSemaphore => {
+            include_str!("../../core/src/semaphores/time_fenced_semaphore.rs")
+        }
     }
 }
 
@@ -1283,6 +1162,19 @@ fn state_diagram(id: ProtocolId) -> &'static str {
     Held --> [*]: valid_until passes / Lost
     Held --> Releasing: release
     Releasing --> [*]: lease-release (ZREM own token) / Released
+"
+        }
+        ProtocolId::TimeFencedSemaphore => {
+            "    [*] --> Acquiring: acquire
+    Acquiring --> Held: time-fenced-lease-acquire → fence = max(counter + 1, TIME in µs) (server TIME, drop expired, ZADD deadline) / Acquired
+    Acquiring --> Backoff: time-fenced-lease-acquire → nil (full)
+    Backoff --> Acquiring: retry timer
+    Held --> Held: renew every ttl/3, lease-renew → 1 / Extended
+    Held --> [*]: lease-renew → 0 / Lost
+    Held --> [*]: valid_until passes / Lost
+    Held --> Releasing: release
+    Releasing --> [*]: lease-release (ZREM own token) / Released
+    note right of Held: a node that lost its counter starts from its clock, above every earlier fence
 "
         }
     }

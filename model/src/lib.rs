@@ -13,9 +13,12 @@
 //!
 //! [`matrix`] runs the checker for every (protocol, fault) cell and compares
 //! each verdict with the expectations in `model/expectations.txt`;
+//! [`cache`] keeps each checked cell for the next test or command that
+//! needs it, for as long as the sources stay the same;
 //! [`trace`] prints a counterexample step by step and draws it as an SVG
 //! sequence diagram. The `lockwright` binary is the command line.
 
+pub mod cache;
 pub mod docs;
 pub mod fault;
 pub mod matrix;

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use lockwright_core::{applications, catalogue, ProtocolId};
+use lockwright_model::cache::Cache;
 use lockwright_model::fault::{Fault, PropertyId};
 use lockwright_model::matrix::{self, Cell, Verdict};
 use lockwright_model::trace;
@@ -45,6 +46,12 @@ enum Command {
         /// Also shorten every counterexample (slower).
         #[arg(long)]
         shortest: bool,
+        /// Read checked cells from this directory and store the ones
+        /// computed there (default: the directory named by
+        /// LOCKWRIGHT_MATRIX_CACHE, else no cache). Cells are kept per
+        /// source version; see `lockwright_model::cache`.
+        #[arg(long, value_name = "DIR")]
+        cache: Option<std::path::PathBuf>,
     },
     /// Print the shortest counterexample for one cell.
     Explain {
@@ -58,6 +65,12 @@ enum Command {
         /// Also write the trace as an SVG sequence diagram here.
         #[arg(long)]
         svg: Option<std::path::PathBuf>,
+        /// Read checked cells from this directory and store the ones
+        /// computed there (default: the directory named by
+        /// LOCKWRIGHT_MATRIX_CACHE, else no cache). Cells are kept per
+        /// source version; see `lockwright_model::cache`.
+        #[arg(long, value_name = "DIR")]
+        cache: Option<std::path::PathBuf>,
     },
     /// Generate the scenario catalogue (verdicts.md, one page per protocol
     /// with counterexamples and SVG diagrams, README.md) into a directory.
@@ -68,6 +81,12 @@ enum Command {
         /// Worker threads (each cell is checked single-threaded).
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// Read checked cells from this directory and store the ones
+        /// computed there (default: the directory named by
+        /// LOCKWRIGHT_MATRIX_CACHE, else no cache). Cells are kept per
+        /// source version; see `lockwright_model::cache`.
+        #[arg(long, value_name = "DIR")]
+        cache: Option<std::path::PathBuf>,
     },
     /// Step through the model in stateright's Explorer, in a browser.
     Explore {
@@ -95,19 +114,33 @@ fn main() -> ExitCode {
             markdown,
             threads,
             shortest,
-        } => check(protocols, faults, json, markdown, threads, shortest),
+            cache,
+        } => check(
+            protocols,
+            faults,
+            json,
+            markdown,
+            threads,
+            shortest,
+            open_cache(cache),
+        ),
         Command::Explain {
             protocol,
             fault,
             property,
             svg,
-        } => explain(protocol, fault, property, svg),
+            cache,
+        } => explain(protocol, fault, property, svg, open_cache(cache)),
         Command::Explore {
             protocol,
             fault,
             addr,
         } => explore(protocol, fault, &addr),
-        Command::Docs { out, threads } => docs(&out, threads),
+        Command::Docs {
+            out,
+            threads,
+            cache,
+        } => docs(&out, threads, open_cache(cache)),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -120,6 +153,28 @@ fn main() -> ExitCode {
 }
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The cache of `--cache DIR`, else of `LOCKWRIGHT_MATRIX_CACHE`, else none.
+fn open_cache(dir: Option<std::path::PathBuf>) -> Option<Cache> {
+    dir.map(Cache::new).or_else(Cache::from_env)
+}
+
+/// One line on standard error about what the cache did.
+fn report_cache(cache: Option<&Cache>) {
+    if let Some(cache) = cache {
+        let stats = cache.stats();
+        for reason in &stats.rejected {
+            eprintln!("cache: rejected {reason}");
+        }
+        eprintln!(
+            "cache {}: {} cells read, {} computed and stored, {} rejected",
+            cache.dir().display(),
+            stats.hits,
+            stats.computed,
+            stats.rejected.len()
+        );
+    }
+}
 
 fn list() {
     for e in catalogue() {
@@ -144,6 +199,7 @@ fn check(
     markdown: bool,
     threads: usize,
     shortest: bool,
+    cache: Option<Cache>,
 ) -> Result<bool> {
     let rules = matrix::parse_expectations(matrix::EXPECTATIONS)?;
     let protocols = if protocols.is_empty() {
@@ -163,7 +219,12 @@ fn check(
     let mut generated = 0usize;
     for (i, &p) in protocols.iter().enumerate() {
         for (j, &f) in faults.iter().enumerate() {
-            let run = matrix::check(p, f, threads.max(1), shortest)?;
+            // A cached cell is the standard run: one thread, the model's
+            // invariants on, shortest counterexamples.
+            let run = match &cache {
+                Some(cache) => matrix::standard_run(p, f, Some(cache))?,
+                None => matrix::check(p, f, threads.max(1), shortest)?,
+            };
             states += run.states;
             generated += run.generated;
             let violated: Vec<&str> = run
@@ -173,12 +234,13 @@ fn check(
                 .map(|c| c.property.as_str())
                 .collect();
             eprintln!(
-                "[{:>3}/{total}] {:<22} {:<17} {:>9} states {:>7.2} s  violated: {}",
+                "[{:>3}/{total}] {:<22} {:<17} {:>9} states {:>7.2} s{}  violated: {}",
                 i * faults.len() + j + 1,
                 p.as_str(),
                 f.as_str(),
                 run.states,
                 run.seconds,
+                if run.cached { " (cached)" } else { "" },
                 if violated.is_empty() {
                     "-".to_owned()
                 } else {
@@ -189,6 +251,7 @@ fn check(
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    report_cache(cache.as_ref());
     let mut mismatches = 0;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -324,8 +387,13 @@ fn explain(
     fault: Fault,
     property: Option<PropertyId>,
     svg: Option<std::path::PathBuf>,
+    cache: Option<Cache>,
 ) -> Result<bool> {
-    let run = matrix::check(protocol, fault, 2, true)?;
+    let run = match &cache {
+        Some(cache) => matrix::standard_run(protocol, fault, Some(cache))?,
+        None => matrix::check(protocol, fault, 2, true)?,
+    };
+    report_cache(cache.as_ref());
     let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())?;
     let mut any = false;
     for cell in &run.cells {
@@ -378,9 +446,10 @@ fn explore(protocol: ProtocolId, fault: Fault, addr: &str) -> Result<bool> {
     Ok(true)
 }
 
-fn docs(out: &std::path::Path, threads: usize) -> Result<bool> {
+fn docs(out: &std::path::Path, threads: usize, cache: Option<Cache>) -> Result<bool> {
     let started = Instant::now();
-    let docs = lockwright_model::docs::generate(threads)?;
+    let docs = lockwright_model::docs::generate(threads, cache.as_ref())?;
+    report_cache(cache.as_ref());
     docs.write_to(out)?;
     eprintln!(
         "{} files written to {} in {:.1} s",

@@ -1,11 +1,15 @@
 //! The verdict matrix: every (protocol, fault, property) cell computed by the
 //! checker, compared with the recorded expectations.
 
+use crate::cache::{Cache, CacheError};
 use crate::fault::{Fault, PropertyId};
 use crate::model::{Action, LockModel, ModelConfig, State};
 use lockwright_core::ProtocolId;
 use stateright::{Checker, Model};
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 /// The checker's answer for one property.
@@ -69,6 +73,10 @@ pub struct Run {
     /// The model's own invariants that failed, with a counterexample each
     /// (checked only with [`LockModel::sanity`] on).
     pub broken: Vec<(&'static str, Trace)>,
+    /// Read from a [`Cache`] rather than computed by this call (the
+    /// verdicts and counts are those of the run that wrote it, `seconds`
+    /// included).
+    pub cached: bool,
 }
 
 /// An error setting up a check.
@@ -82,6 +90,13 @@ pub enum CheckError {
         /// Why.
         source: lockwright_core::ConfigError,
     },
+    /// The checker and the counterexample search disagree, or a trace does
+    /// not replay to the state it was found at.
+    #[error("inconsistent: {0}")]
+    Inconsistent(String),
+    /// A computed cell could not be written to the cache.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
 }
 
 /// Build the model for one cell.
@@ -95,8 +110,8 @@ pub fn model_for(
 }
 
 /// Check every property of `protocol` under `fault` in one breadth-first
-/// run. With `shortest`, each violation's trace is then shortened by
-/// iterative deepening.
+/// run. With `shortest`, each violation's trace is then replaced by the
+/// shortest counterexample ([`shortest_counterexamples`]).
 pub fn check(
     protocol: ProtocolId,
     fault: Fault,
@@ -112,33 +127,61 @@ pub fn check_config(cfg: ModelConfig, threads: usize, shortest: bool) -> Result<
     let protocol = cfg.protocol;
     let model = LockModel::new(cfg, PropertyId::ALL.to_vec())
         .map_err(|source| CheckError::Config { protocol, source })?;
-    Ok(check_model(model, threads, shortest))
+    check_model(model, threads, shortest)
+}
+
+/// The standard run of one cell, the one the matrix test, the docs, the
+/// replay and (with a cache) the CLI share: the standard bounds, every
+/// property, the model's own invariants on ([`LockModel::sanity`]), one
+/// checker thread (so state counts do not depend on scheduling), and the
+/// shortest counterexample of every violated property. With a `cache`, a
+/// run stored for the same sources and inputs is read instead of computed,
+/// and a computed one is stored (see [`crate::cache`]).
+pub fn standard_run(
+    protocol: ProtocolId,
+    fault: Fault,
+    cache: Option<&Cache>,
+) -> Result<Run, CheckError> {
+    let mut model = model_for(protocol, fault, PropertyId::ALL.to_vec())?;
+    model.sanity = true;
+    match cache {
+        Some(cache) => cache.run(model),
+        None => check_model(model, 1, true),
+    }
 }
 
 /// [`check`] of a model built by the caller (for instance with
 /// [`LockModel::sanity`] on: its invariants' counterexamples are then in
 /// [`Run::broken`]).
-pub fn check_model(model: LockModel, threads: usize, shortest: bool) -> Run {
+pub fn check_model(model: LockModel, threads: usize, shortest: bool) -> Result<Run, CheckError> {
     let (protocol, fault) = (model.cfg.protocol, model.cfg.fault);
     let started = Instant::now();
     let checker = model.clone().checker().threads(threads).spawn_bfs().join();
     let seconds = started.elapsed().as_secs_f64();
     let states = checker.unique_state_count();
     let generated = checker.state_count();
+    let found: Vec<(PropertyId, Option<Trace>)> = PropertyId::ALL
+        .into_iter()
+        .map(|p| (p, checker.discovery(p.as_str()).map(|path| path.into_vec())))
+        .collect();
+    let mut shortest_traces = if shortest {
+        let violated: Vec<PropertyId> = found
+            .iter()
+            .filter(|(_, t)| t.is_some())
+            .map(|(p, _)| *p)
+            .collect();
+        shortest_counterexamples(&model, &violated)?
+    } else {
+        BTreeMap::new()
+    };
     let mut cells = Vec::new();
-    for property in PropertyId::ALL {
-        let found = checker.discovery(property.as_str());
-        let (verdict, trace) = match found {
+    for (property, trace) in found {
+        let (verdict, trace) = match trace {
             None => (Verdict::Holds, None),
-            Some(path) => {
-                let trace = path.into_vec();
-                let trace = if shortest {
-                    shortest_trace(&model, property, trace.len()).unwrap_or(trace)
-                } else {
-                    trace
-                };
-                (Verdict::Violated, Some(trace))
-            }
+            Some(trace) => (
+                Verdict::Violated,
+                Some(shortest_traces.remove(&property).unwrap_or(trace)),
+            ),
         };
         cells.push(Cell {
             protocol,
@@ -155,46 +198,164 @@ pub fn check_model(model: LockModel, threads: usize, shortest: bool) -> Run {
         .filter(|_| model.sanity)
         .filter_map(|name| Some((name, checker.discovery(name)?.into_vec())))
         .collect();
-    Run {
+    Ok(Run {
         cells,
         states,
         generated,
         seconds,
         broken,
+        cached: false,
+    })
+}
+
+/// Fingerprints are already hashes: the map of parents uses them as they are.
+#[derive(Clone, Copy, Debug, Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
     }
 }
 
-/// The shortest counterexample for `property`, found by searching on the
-/// depth bound: a violation within `d` steps exists for every `d` at least the
-/// shortest length, so a binary search over `target_max_depth` finds it.
-/// `known` is the length (states) of a counterexample already found.
-pub fn shortest_trace(model: &LockModel, property: PropertyId, known: usize) -> Option<Trace> {
-    let mut only = model.clone();
-    only.properties = vec![property];
-    // A path of `n` states is checked when target_max_depth > n.
-    let find = |n: usize| -> Option<Trace> {
-        only.clone()
-            .checker()
-            .target_max_depth(n + 1)
-            .spawn_bfs()
-            .join()
-            .discovery(property.as_str())
-            .map(|p| p.into_vec())
-    };
-    let (mut lo, mut hi) = (1usize, known);
-    let mut best = find(hi)?;
-    hi = best.len();
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        match find(mid) {
-            Some(t) => {
-                hi = t.len().min(mid);
-                best = t;
-            }
-            None => lo = mid + 1,
+type Parents = HashMap<u64, Option<(u64, usize)>, std::hash::BuildHasherDefault<Identity>>;
+
+fn fingerprint(state: &State) -> u64 {
+    let mut h = DefaultHasher::new();
+    state.hash(&mut h);
+    h.finish()
+}
+
+/// The shortest counterexample of each property in `wanted`, by one
+/// single-threaded breadth-first search over the model
+/// ([`LockModel::enabled`], [`LockModel::step`], [`LockModel::holds_in`])
+/// that stops when all are found.
+///
+/// Stateright's breadth-first checker keeps the *last* violating state it
+/// meets for a property, and with several threads which one that is varies
+/// from run to run. This search keeps the *first* violating state of each
+/// property: no counterexample is shorter, and ties are broken by the
+/// model's action order, so the trace is the same on every run. Every
+/// property in `wanted` must be violated somewhere (the checker said so);
+/// otherwise this is a [`CheckError::Inconsistent`].
+pub fn shortest_counterexamples(
+    model: &LockModel,
+    wanted: &[PropertyId],
+) -> Result<BTreeMap<PropertyId, Trace>, CheckError> {
+    let mut found: BTreeMap<PropertyId, u64> = BTreeMap::new();
+    if wanted.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let init = model.initial();
+    let init_fp = fingerprint(&init);
+    let mut parents = Parents::default();
+    parents.insert(init_fp, None);
+    for &p in wanted {
+        if !model.holds_in(p, &init) {
+            found.insert(p, init_fp);
         }
     }
-    Some(best)
+    let mut queue: VecDeque<(State, u64)> = VecDeque::from([(init, init_fp)]);
+    let mut actions: Vec<Action> = Vec::new();
+    while found.len() < wanted.len() {
+        let Some((state, fp)) = queue.pop_front() else {
+            break;
+        };
+        actions.clear();
+        model.enabled(&state, &mut actions);
+        for (i, action) in actions.iter().enumerate() {
+            let Some(next) = model.step(&state, action) else {
+                continue;
+            };
+            let next_fp = fingerprint(&next);
+            if parents.contains_key(&next_fp) {
+                continue;
+            }
+            parents.insert(next_fp, Some((fp, i)));
+            for &p in wanted {
+                if !found.contains_key(&p) && !model.holds_in(p, &next) {
+                    found.insert(p, next_fp);
+                }
+            }
+            queue.push_back((next, next_fp));
+        }
+    }
+    let mut traces = BTreeMap::new();
+    for &p in wanted {
+        let Some(&target) = found.get(&p) else {
+            return Err(CheckError::Inconsistent(format!(
+                "{} {}: the checker found {p} violated, the search did not",
+                model.cfg.protocol, model.cfg.fault
+            )));
+        };
+        let mut choices = Vec::new();
+        let mut at = target;
+        while let Some(Some((parent, i))) = parents.get(&at) {
+            choices.push(*i);
+            at = *parent;
+        }
+        choices.reverse();
+        let trace = trace_from_choices(model, &choices).map_err(CheckError::Inconsistent)?;
+        if trace.last().map(|(s, _)| fingerprint(s)) != Some(target) {
+            return Err(CheckError::Inconsistent(
+                "replay: fingerprint collision".into(),
+            ));
+        }
+        traces.insert(p, trace);
+    }
+    Ok(traces)
+}
+
+/// The trace that takes, from the initial state, the `choices[k]`-th
+/// enabled action ([`LockModel::enabled`]) at step `k`; an index out of
+/// range or an action that does not apply is an error saying so.
+pub fn trace_from_choices(model: &LockModel, choices: &[usize]) -> Result<Trace, String> {
+    let mut trace: Trace = Vec::with_capacity(choices.len() + 1);
+    let mut state = model.initial();
+    let mut actions = Vec::new();
+    for (k, &i) in choices.iter().enumerate() {
+        actions.clear();
+        model.enabled(&state, &mut actions);
+        let action = actions.get(i).cloned().ok_or_else(|| {
+            format!(
+                "step {k}: action {i} of {} enabled does not exist",
+                actions.len()
+            )
+        })?;
+        let next = model
+            .step(&state, &action)
+            .ok_or_else(|| format!("step {k}: action {i} does not apply"))?;
+        trace.push((state, Some(action)));
+        state = next;
+    }
+    trace.push((state, None));
+    Ok(trace)
+}
+
+/// The index of each action of `trace` among the actions enabled in its
+/// state ([`LockModel::enabled`]): what [`trace_from_choices`] replays.
+pub fn choices_of(model: &LockModel, trace: &Trace) -> Result<Vec<usize>, String> {
+    let mut actions = Vec::new();
+    let mut choices = Vec::with_capacity(trace.len());
+    for (k, (state, action)) in trace.iter().enumerate() {
+        let Some(action) = action else { continue };
+        actions.clear();
+        model.enabled(state, &mut actions);
+        let i = actions
+            .iter()
+            .position(|a| a == action)
+            .ok_or_else(|| format!("step {k}: the action is not enabled in its state"))?;
+        choices.push(i);
+    }
+    Ok(choices)
 }
 
 /// One expectation rule: a pattern of cells, the verdict they should have,

@@ -3,6 +3,7 @@
 //! link into a protocol page and every chaos test named by the pages exist.
 
 use lockwright_core::ProtocolId;
+use lockwright_model::cache::Cache;
 use lockwright_model::docs::{self, CHAOS};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,11 @@ fn first_difference(a: &str, b: &str) -> String {
 
 #[test]
 fn committed_docs_match_a_fresh_generation() {
-    let generated = docs::generate(2).expect("docs generate");
+    // The cells come through the cache `tests/matrix.rs` and the chaos
+    // replay test share (computed here when none of them ran before).
+    let cache = Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("matrix-cache"));
+    let generated = docs::generate(2, Some(&cache)).expect("docs generate");
+    eprintln!("{}", cache.summary());
     let dir = std::env::temp_dir().join(format!("lockwright-docs-{}", std::process::id()));
     generated.write_to(&dir).expect("docs write");
     let docs_dir = workspace().join("docs");

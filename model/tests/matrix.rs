@@ -1,21 +1,33 @@
 //! The verdict matrix as tests: every (protocol, fault, property) cell is
 //! computed by the checker and compared with `model/expectations.txt`; a
 //! differing cell fails with its counterexample printed.
+//!
+//! Each run is the standard run ([`matrix::standard_run`]) through the
+//! cache in `target/tmp/matrix-cache`, shared with `tests/docs.rs` and the
+//! chaos replay test: whichever needs a cell first computes it with the
+//! checker, for the sources of this build (see `lockwright_model::cache`).
 
 use lockwright_core::ProtocolId;
+use lockwright_model::cache::Cache;
 use lockwright_model::fault::{Fault, PropertyId};
 use lockwright_model::matrix::{self, Verdict};
 use lockwright_model::trace;
+use std::path::Path;
+
+/// The cache the model and chaos tests share.
+fn cache() -> Cache {
+    Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("matrix-cache"))
+}
 
 fn check_protocol(protocol: ProtocolId) {
     let rules = matrix::parse_expectations(matrix::EXPECTATIONS).expect("expectations parse");
+    let cache = cache();
     let mut failures = Vec::new();
     for fault in Fault::ALL {
         // The model's own invariants are checked in the same run: no run
         // stops before the horizon, no message outlives its deadline.
-        let mut model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec()).unwrap();
-        model.sanity = true;
-        let run = matrix::check_model(model.clone(), 1, false);
+        let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec()).unwrap();
+        let run = matrix::standard_run(protocol, fault, Some(&cache)).unwrap();
         for (name, trace) in &run.broken {
             failures.push(format!(
                 "{protocol} {fault}: the model's invariant \"{name}\" fails:\n{}",
@@ -28,7 +40,6 @@ fn check_protocol(protocol: ProtocolId) {
                     panic!("no expectation covers {protocol} {fault} {}", cell.property)
                 });
             if rule.verdict != cell.verdict {
-                let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec()).unwrap();
                 let shown = match &cell.trace {
                     Some(t) => trace::text(&model, t),
                     None => {
@@ -42,6 +53,7 @@ fn check_protocol(protocol: ProtocolId) {
             }
         }
     }
+    eprintln!("{protocol}: {}", cache.summary());
     assert!(
         failures.is_empty(),
         "{} cell(s) differ:\n{}",
@@ -77,13 +89,14 @@ matrix_rows! {
     fair_semaphore_locked_row_matches_the_expectations => FairSemaphoreLocked,
     watch_semaphore_row_matches_the_expectations => WatchSemaphore,
     lease_semaphore_row_matches_the_expectations => LeaseSemaphore,
+    time_fenced_semaphore_row_matches_the_expectations => TimeFencedSemaphore,
 }
 
 /// Unique states of every protocol without faults, pinned so that an
 /// accidental change to the model (or to a machine) shows up here.
 #[test]
 fn unique_state_counts_without_faults_are_pinned() {
-    let pinned: [(ProtocolId, usize); 15] = PINNED;
+    let pinned: [(ProtocolId, usize); 16] = PINNED;
     let mut actual = Vec::new();
     for (protocol, _) in pinned {
         let run = matrix::check(protocol, Fault::None, 1, false).unwrap();
@@ -95,7 +108,7 @@ fn unique_state_counts_without_faults_are_pinned() {
     );
 }
 
-const PINNED: [(ProtocolId, usize); 15] = [
+const PINNED: [(ProtocolId, usize); 16] = [
     (ProtocolId::SetnxDel, 2123),
     (ProtocolId::SetnxExpire, 10229),
     (ProtocolId::SetnxGetset, 1103),
@@ -111,6 +124,7 @@ const PINNED: [(ProtocolId, usize); 15] = [
     (ProtocolId::WatchSemaphore, 4714),
     (ProtocolId::LeaseSemaphore, 16521),
     (ProtocolId::TimeFenced, 18067),
+    (ProtocolId::TimeFencedSemaphore, 16957),
 ];
 
 #[test]
@@ -138,6 +152,7 @@ fn malformed_expectations_are_typed_errors() {
 
 #[test]
 fn the_reported_counterexample_is_the_shortest() {
+    use stateright::{Checker, Model};
     // set-px-lua under pause: the shortest violation of mutual exclusion.
     let model = matrix::model_for(
         ProtocolId::SetPxLua,
@@ -153,9 +168,31 @@ fn the_reported_counterexample_is_the_shortest() {
         .unwrap();
     assert_eq!(cell.verdict, Verdict::Violated);
     let t = cell.trace.as_ref().unwrap();
-    // Nothing shorter exists: searching with one step less finds nothing.
-    assert!(matrix::shortest_trace(&model, PropertyId::MutualExclusion, t.len() - 1).is_none());
+    // Nothing shorter exists: the checker itself, bounded to paths of one
+    // state less (a path of `n` states is checked when the depth bound
+    // exceeds `n`), finds no violation; bounded to this length, it does.
+    let within = |states: usize| {
+        model
+            .clone()
+            .checker()
+            .target_max_depth(states + 1)
+            .spawn_bfs()
+            .join()
+            .discovery(PropertyId::MutualExclusion.as_str())
+            .is_some()
+    };
+    assert!(!within(t.len() - 1));
+    assert!(within(t.len()));
     // And the violation is really in the last state.
     assert!(!model.holds_in(PropertyId::MutualExclusion, &t.last().unwrap().0));
     assert!(model.holds_in(PropertyId::MutualExclusion, &t[t.len() - 2].0));
+    // `explain` (this run), the docs and the replay show the same trace:
+    // one search finds them all.
+    let standard = matrix::standard_run(ProtocolId::SetPxLua, Fault::Pause, None).unwrap();
+    let docs = standard
+        .cells
+        .iter()
+        .find(|c| c.property == PropertyId::MutualExclusion)
+        .and_then(|c| c.trace.as_ref());
+    assert_eq!(docs, Some(t));
 }

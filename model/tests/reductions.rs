@@ -254,4 +254,5 @@ rows! {
     fair_semaphore_locked_keeps_its_verdicts_without_reductions => FairSemaphoreLocked,
     watch_semaphore_keeps_its_verdicts_without_reductions => WatchSemaphore,
     lease_semaphore_keeps_its_verdicts_without_reductions => LeaseSemaphore,
+    time_fenced_semaphore_keeps_its_verdicts_without_reductions => TimeFencedSemaphore,
 }

@@ -7,7 +7,12 @@
 //! replay PROTOCOL FAULT PROPERTY      one cell, every step printed
 //! replay PROTOCOL FAULT seed=N        one random path, every step printed
 //! replay --markdown FILE              the whole suite, and its table written to FILE
+//! replay --cache DIR ...              any of the above, reading and storing checked cells in DIR
 //! ```
+//!
+//! Without `--cache`, the directory named by `LOCKWRIGHT_MATRIX_CACHE` is
+//! the cache when set; with neither, every cell is checked afresh (see
+//! `lockwright_model::cache`).
 //!
 //! Each replay executes the trace step by step on real Redis (see
 //! `lockwright_chaos::replay`) and requires Redis' replies and keys to equal
@@ -22,6 +27,7 @@ use lockwright_chaos::replay::{
 };
 use lockwright_chaos::{check_environment, Availability, ChaosError};
 use lockwright_core::ProtocolId;
+use lockwright_model::cache::Cache;
 use lockwright_model::matrix::{self, Trace};
 use lockwright_model::{Fault, LockModel, PropertyId};
 
@@ -38,7 +44,7 @@ enum Selection {
 
 fn usage_text() -> String {
     format!(
-        "usage: replay [--markdown FILE] | PROTOCOL FAULT [PROPERTY | seed=N]\n\
+        "usage: replay [--cache DIR] ([--markdown FILE] | PROTOCOL FAULT [PROPERTY | seed=N])\n\
          protocols: {}\nfaults: {}\nproperties: {}",
         ProtocolId::all()
             .map(|p| p.to_string())
@@ -100,6 +106,11 @@ fn main() -> ExitCode {
         say(&usage_text());
         return ExitCode::SUCCESS;
     }
+    let (cache, args) = match args.as_slice() {
+        [flag, dir, rest @ ..] if flag == "--cache" => (Some(Cache::new(dir)), rest.to_vec()),
+        [flag] if flag == "--cache" => return usage("--cache needs a directory"),
+        _ => (Cache::from_env(), args),
+    };
     let selection = match parse(&args) {
         Ok(s) => s,
         Err(e) => return usage(&e),
@@ -117,7 +128,7 @@ fn main() -> ExitCode {
     // On Ctrl-C the run future is dropped, and with it the containers.
     let interrupted = runtime.block_on(async {
         tokio::select! {
-            result = run(selection) => Some(result),
+            result = run(selection, cache.as_ref()) => Some(result),
             _ = tokio::signal::ctrl_c() => None,
         }
     });
@@ -149,7 +160,7 @@ async fn verbose(
     Ok(r.verdict == Verdict::Reproduced)
 }
 
-async fn run(selection: Selection) -> Result<bool, ChaosError> {
+async fn run(selection: Selection, cache: Option<&Cache>) -> Result<bool, ChaosError> {
     if let Availability::Skip(reason) = check_environment()? {
         return Err(ChaosError::Unavailable(reason));
     }
@@ -157,7 +168,7 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
     let mut bench = Bench::new();
     match selection {
         Selection::Cell(protocol, fault, property) => {
-            let Some(case) = cases(protocol, fault)?
+            let Some(case) = cases(protocol, fault, cache)?
                 .into_iter()
                 .find(|c| c.property == property)
             else {
@@ -176,7 +187,7 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
         }
         Selection::Run(protocol, fault) => {
             let mut ok = true;
-            let cases = cases(protocol, fault)?;
+            let cases = cases(protocol, fault, cache)?;
             if cases.is_empty() {
                 out!("{protocol} × {fault}: every property holds, there is no counterexample to replay (try `seed=N` for a random path)");
             }
@@ -207,7 +218,19 @@ async fn run(selection: Selection) -> Result<bool, ChaosError> {
                     .open(file)
                     .map_err(|e| output(file, e))?;
             }
-            let plan = plan(2)?;
+            let plan = plan(2, cache)?;
+            if let Some(cache) = cache {
+                let stats = cache.stats();
+                for reason in &stats.rejected {
+                    out!("cache: rejected {reason}");
+                }
+                out!(
+                    "cache {}: {} runs read, {} computed and stored",
+                    cache.dir().display(),
+                    stats.hits,
+                    stats.computed
+                );
+            }
             out!(
                 "{} violated cells, {} runs with a property that holds; checked in {:.0} s",
                 plan.violated.len(),
