@@ -88,9 +88,20 @@ pub(crate) async fn run_redis_sections(
 ) -> Result<()> {
     let (warmup, window) = (settings.warmup, settings.window);
     // Section 1.
-    let configs: [(&str, Option<ProtocolId>, usize); 9] = [
+    let configs: [(&str, Option<ProtocolId>, usize); 12] = [
         ("adapter:set-px-lua", Some(ProtocolId::SetPxLua), 1),
         ("adapter:fenced", Some(ProtocolId::Fenced), 1),
+        ("adapter:time-fenced", Some(ProtocolId::TimeFenced), 1),
+        (
+            "adapter:lease-semaphore",
+            Some(ProtocolId::LeaseSemaphore),
+            1,
+        ),
+        (
+            "adapter:time-fenced-semaphore",
+            Some(ProtocolId::TimeFencedSemaphore),
+            1,
+        ),
         ("adapter:reentrant", Some(ProtocolId::Reentrant), 1),
         ("adapter:redlock", Some(ProtocolId::Redlock), 3),
         ("adapter:redlock", Some(ProtocolId::Redlock), 5),

@@ -2,15 +2,16 @@
 //!
 //! Every task locks a name of its own (no contention: that is section 2),
 //! acquires, releases, and counts the cycle. Three contenders per point:
-//! the adapter's [`Lock`], rslock's `LockManager` (one manager shared by the
+//! the adapter's [`Lock`] (a one-permit [`Semaphore`] for the semaphore
+//! protocols), rslock's `LockManager` (one manager shared by the
 //! tasks, as its docs use it) and a raw redis-rs loop of `SET NX PX` then
 //! `EVALSHA` compare-and-delete on one shared multiplexed connection per
 //! master: the two round trips any correct lease lock needs.
 
 use crate::util::{self, BenchError, Result};
 use futures_util::future::join_all;
-use lockwright_core::ProtocolId;
-use lockwright_redis::{Lock, LockOptions, Nodes};
+use lockwright_core::{Kind, ProtocolId};
+use lockwright_redis::{Lock, LockOptions, Nodes, Semaphore};
 use redis::aio::MultiplexedConnection;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +32,9 @@ end"#;
 pub(crate) enum Contender {
     /// The adapter: one [`Lock`] per task.
     Adapter(Vec<Lock>),
+    /// The adapter's semaphore protocols: one one-permit [`Semaphore`] per
+    /// task.
+    AdapterSemaphore(Vec<Semaphore>),
     /// rslock: one manager, one resource name per task.
     Rslock {
         manager: rslock::LockManager,
@@ -54,6 +58,18 @@ impl Contender {
         tasks: usize,
     ) -> Result<Contender> {
         let nodes = Nodes::new(clients.to_vec());
+        if protocol.kind() == Kind::Semaphore {
+            let semaphores = (0..tasks)
+                .map(|t| {
+                    Semaphore::on(
+                        &nodes,
+                        format!("tp:{protocol}:{}:{t}", clients.len()),
+                        LockOptions::new(protocol, TTL),
+                    )
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            return Ok(Contender::AdapterSemaphore(semaphores));
+        }
         let locks = (0..tasks)
             .map(|t| {
                 Lock::on(
@@ -108,6 +124,13 @@ impl Contender {
                     .ok_or_else(|| BenchError("no lock for the task".into()))?;
                 let guard = lock.acquire().await?;
                 Ok(guard.release().await?)
+            }
+            Contender::AdapterSemaphore(semaphores) => {
+                let semaphore = semaphores
+                    .get(task)
+                    .ok_or_else(|| BenchError("no semaphore for the task".into()))?;
+                let permit = semaphore.acquire().await?;
+                Ok(permit.release().await?)
             }
             Contender::Rslock { manager, keys } => {
                 let key = keys

@@ -50,6 +50,8 @@ pub enum ProtocolId {
     WatchSemaphore,
     /// One atomic script per operation, server-side expiry, fenced permits.
     LeaseSemaphore,
+    /// `lease-semaphore` with a fence of max(counter + 1, server TIME in µs).
+    TimeFencedSemaphore,
 }
 
 /// One row of the catalogue.
@@ -65,7 +67,7 @@ pub struct CatalogueEntry {
     pub idea: &'static str,
 }
 
-const CATALOGUE: [CatalogueEntry; 15] = [
+const CATALOGUE: [CatalogueEntry; 16] = [
     entry(
         ProtocolId::SetnxDel,
         Kind::Lock,
@@ -156,6 +158,12 @@ const CATALOGUE: [CatalogueEntry; 15] = [
         "beyond the sources",
         "one atomic script per operation, server-side expiry, fenced permits, renewal",
     ),
+    entry(
+        ProtocolId::TimeFencedSemaphore,
+        Kind::Semaphore,
+        "beyond the sources (lease-semaphore, with time-fenced's fence)",
+        "lease-semaphore, with fence = max(counter + 1, server TIME in µs): a node that lost its counter starts above every earlier fence",
+    ),
 ];
 
 const fn entry(
@@ -226,6 +234,7 @@ impl ProtocolId {
             ProtocolId::FairSemaphoreLocked => "fair-semaphore-locked",
             ProtocolId::WatchSemaphore => "watch-semaphore",
             ProtocolId::LeaseSemaphore => "lease-semaphore",
+            ProtocolId::TimeFencedSemaphore => "time-fenced-semaphore",
         }
     }
 
@@ -385,6 +394,7 @@ machines! {
     FairSemaphoreLocked => crate::semaphores::fair_semaphore_locked::FairSemaphoreLocked,
     WatchSemaphore => crate::semaphores::watch_semaphore::WatchSemaphore,
     LeaseSemaphore => crate::semaphores::lease_semaphore::LeaseSemaphore,
+    TimeFencedSemaphore => crate::semaphores::time_fenced_semaphore::TimeFencedSemaphore,
     Redlock => crate::locks::redlock::Redlock,
 }
 
@@ -395,7 +405,7 @@ mod tests {
     #[test]
     fn ids_round_trip_and_are_unique() {
         let ids: Vec<_> = ProtocolId::all().collect();
-        assert_eq!(ids.len(), 15);
+        assert_eq!(ids.len(), 16);
         for id in &ids {
             assert_eq!(id.as_str().parse::<ProtocolId>(), Ok(*id));
         }

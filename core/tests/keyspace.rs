@@ -1206,7 +1206,12 @@ fn every_script_has_lua_text_that_calls_redis() {
             script.name()
         );
     }
-    for script in [Script::LeaseAcquire, Script::LeaseRenew] {
+    for script in [
+        Script::LeaseAcquire,
+        Script::TimeFencedLeaseAcquire,
+        Script::LeaseRenew,
+        Script::TimeFencedAcquire,
+    ] {
         assert!(script.lua().contains("redis.call('time')"));
     }
 }
@@ -1662,4 +1667,82 @@ fn a_watch_lost_to_a_restart_aborts_the_next_exec_instead_of_running_unwatched()
     ks.execute(b, t, &set("k", "x"));
     ks.drop_connections();
     assert_eq!(ks.execute(b, t, &tx), Reply::Array(vec![Reply::Int(1)]));
+}
+
+fn time_fenced_lease_acquire(tok: &str, ttl: &str, limit: &str) -> Command {
+    eval(
+        Script::TimeFencedLeaseAcquire,
+        &["permits", "fence", "limit"],
+        &[tok, ttl, limit],
+    )
+}
+
+#[test]
+fn time_fenced_lease_acquire_issues_the_larger_of_counter_and_clock_and_survives_a_restart() {
+    let mut n = Node::new();
+    // The node clock reads 1000 ms: the first fence is the clock in µs, the
+    // deadline the clock in ms plus the TTL.
+    assert_eq!(
+        n.run(time_fenced_lease_acquire("a", "100", "2")),
+        Reply::Int(1_000_000)
+    );
+    assert_eq!(n.run(get("fence")), bulk("1000000"));
+    assert_eq!(n.run(zscore("permits", "a")), bulk("1100"));
+    // Within the same microsecond the stored counter decides: + 1.
+    assert_eq!(
+        n.run(time_fenced_lease_acquire("b", "100", "2")),
+        Reply::Int(1_000_001)
+    );
+    assert_eq!(
+        n.run(time_fenced_lease_acquire("c", "100", "2")),
+        Reply::Nil
+    );
+    // The counter and the permits lost with a restart: the clock, a
+    // millisecond later, is above every fence before.
+    n.ks.restart();
+    assert_eq!(
+        n.at(1_001).run(time_fenced_lease_acquire("c", "100", "2")),
+        Reply::Int(1_001_000)
+    );
+    // A clock stepped back: the counter still decides while it is kept...
+    assert_eq!(
+        n.at(500).run(time_fenced_lease_acquire("d", "100", "2")),
+        Reply::Int(1_001_001)
+    );
+    // ...and once it is lost, the fence goes backwards (the assumption).
+    n.ks.restart();
+    assert_eq!(
+        n.run(time_fenced_lease_acquire("e", "100", "2")),
+        Reply::Int(500_000)
+    );
+}
+
+#[test]
+fn time_fenced_lease_acquire_errors_name_the_lines_of_its_text() {
+    let mut n = Node::new();
+    assert_eq!(
+        n.run(time_fenced_lease_acquire("a", "100", "many")),
+        err("ERR user_script:9: attempt to compare number with nil")
+    );
+    let mut n = Node::new();
+    assert_eq!(
+        n.run(time_fenced_lease_acquire("a", "soon", "1")),
+        err("ERR user_script:16: attempt to perform arithmetic on a nil value")
+    );
+    assert_eq!(
+        n.run(get("fence")),
+        bulk("1000000"),
+        "the fence stored before the error stays, as in Redis"
+    );
+    let mut n = Node::new();
+    n.run(set("fence", "x"));
+    assert_eq!(
+        n.run(time_fenced_lease_acquire("a", "100", "1")),
+        err("ERR value is not an integer or out of range")
+    );
+    assert_eq!(
+        n.run(zscore("permits", "a")),
+        Reply::Nil,
+        "no permit without a fence"
+    );
 }

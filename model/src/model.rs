@@ -967,7 +967,7 @@ impl LockModel {
 
     /// Every hold visible on a node at its time `now`: (key, member, owner,
     /// expiry). Sorted-set members count by owner token; where the scores are
-    /// server-clock deadlines (`lease-semaphore`), a member past its deadline
+    /// server-clock deadlines (`lease-semaphore`, `time-fenced-semaphore`), a member past its deadline
     /// is no longer a hold, and dropping it touches no one.
     fn holds(&self, node: &NodeState, now: Millis) -> BTreeSet<(String, String, u8, Option<u64>)> {
         let mut out = BTreeSet::new();
@@ -993,7 +993,10 @@ impl LockModel {
         now: Millis,
         mut hold: impl FnMut(&str, &str, u8, Option<u64>),
     ) {
-        let deadlines = self.cfg.protocol == ProtocolId::LeaseSemaphore;
+        let deadlines = matches!(
+            self.cfg.protocol,
+            ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore
+        );
         for (key, entry) in node.keyspace.live(now) {
             let Entry { value, expires_at } = entry;
             match value {

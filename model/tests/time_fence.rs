@@ -1,7 +1,9 @@
 //! `time-fenced` keeps `fenced-resource` under `restart` and `failover`
-//! only because of what it adds to `fenced`, and the check would say so if
-//! it did not: each mutation below takes one ingredient away and the
-//! checker finds the superseded write accepted again.
+//! only because of what it adds to `fenced`, and `time-fenced-semaphore`
+//! only because of what it adds to `lease-semaphore`; the check would say
+//! so if they did not: each mutation below takes one ingredient away and
+//! the checker finds the superseded write accepted again. (That the
+//! unmutated protocols hold there is the matrix rows' test.)
 
 use lockwright_core::keyspace::{Command, Script};
 use lockwright_core::{Acquire, Machine, Millis, Protocol, ProtocolId, Token};
@@ -32,23 +34,11 @@ fn grant(protocol: ProtocolId) -> Command {
 fn the_fence_without_the_clock_repeats_after_a_restart_or_failover() {
     // `fenced` is `time-fenced` with `max(stored + 1, TIME)` cut down to
     // `stored + 1`: the same recipe, keys and arguments, another script.
-    let (
-        Command::Eval {
-            script: a,
-            keys: ka,
-            args: aa,
-        },
-        Command::Eval {
-            script: b,
-            keys: kb,
-            args: ab,
-        },
-    ) = (grant(ProtocolId::TimeFenced), grant(ProtocolId::Fenced))
-    else {
-        panic!("both grants are scripts");
-    };
-    assert_eq!((a, b), (Script::TimeFencedAcquire, Script::FencedAcquire));
-    assert_eq!((ka, aa), (kb, ab));
+    assert_same_grant_but_the_script(
+        ProtocolId::TimeFenced,
+        ProtocolId::Fenced,
+        (Script::TimeFencedAcquire, Script::FencedAcquire),
+    );
     for fault in [Fault::Restart, Fault::Failover] {
         assert_eq!(
             fenced_resource(ModelConfig::new(ProtocolId::TimeFenced, fault)),
@@ -77,4 +67,60 @@ fn a_restart_or_promotion_that_takes_no_time_lets_the_clock_fence_repeat() {
             "time-fenced {fault} in no time"
         );
     }
+}
+
+/// The grants of `with_clock` and `counter_only` are the same command but
+/// for the script: the first `max(stored + 1, TIME)`, the second
+/// `stored + 1`.
+fn assert_same_grant_but_the_script(
+    with_clock: ProtocolId,
+    counter_only: ProtocolId,
+    scripts: (Script, Script),
+) {
+    let (
+        Command::Eval {
+            script: a,
+            keys: ka,
+            args: aa,
+        },
+        Command::Eval {
+            script: b,
+            keys: kb,
+            args: ab,
+        },
+    ) = (grant(with_clock), grant(counter_only))
+    else {
+        panic!("both grants are scripts");
+    };
+    assert_eq!((a, b), scripts);
+    assert_eq!((ka, aa), (kb, ab));
+}
+
+#[test]
+fn the_semaphore_fence_without_the_clock_repeats_after_a_restart_or_failover() {
+    // `lease-semaphore` is `time-fenced-semaphore` with the clock cut out
+    // of its fence: the same recipe, keys and arguments, another script.
+    assert_same_grant_but_the_script(
+        ProtocolId::TimeFencedSemaphore,
+        ProtocolId::LeaseSemaphore,
+        (Script::TimeFencedLeaseAcquire, Script::LeaseAcquire),
+    );
+    for fault in [Fault::Restart, Fault::Failover] {
+        assert_eq!(
+            fenced_resource(ModelConfig::new(ProtocolId::LeaseSemaphore, fault)),
+            Verdict::Violated,
+            "the clock cut out of the fence: lease-semaphore {fault}"
+        );
+    }
+}
+
+#[test]
+fn a_restart_that_takes_no_time_lets_the_semaphore_clock_fence_repeat() {
+    let mut cfg = ModelConfig::new(ProtocolId::TimeFencedSemaphore, Fault::Restart);
+    cfg.restart_ms = 0;
+    assert_eq!(
+        fenced_resource(cfg),
+        Verdict::Violated,
+        "time-fenced-semaphore restart in no time"
+    );
 }

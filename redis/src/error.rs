@@ -159,8 +159,9 @@ pub enum OptionsError {
     #[error("a Cluster needs at least one seed node")]
     NoSeeds,
     /// `auto_renew` was asked of a protocol that never renews (only
-    /// `reentrant`, `fenced` and `lease-semaphore` do).
-    #[error("{protocol} does not renew; auto_renew is for reentrant, fenced and lease-semaphore")]
+    /// `reentrant`, `fenced`, `time-fenced`, `lease-semaphore` and
+    /// `time-fenced-semaphore` do).
+    #[error("{protocol} does not renew; auto_renew is for reentrant, fenced, time-fenced, lease-semaphore and time-fenced-semaphore")]
     AutoRenewWithoutRenewal {
         /// The protocol asked for.
         protocol: ProtocolId,
@@ -171,8 +172,8 @@ pub enum OptionsError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
     /// The limit key is not set (`watch-semaphore` needs an administrator
-    /// to set it; `lease-semaphore` stores its `limit` option there at the
-    /// first acquire).
+    /// to set it; `lease-semaphore` and `time-fenced-semaphore` store their
+    /// `limit` option there at the first acquire).
     #[error("the semaphore's limit key {key} is not set")]
     Missing {
         /// The limit key.

@@ -15,8 +15,8 @@
 //! - [`Lock`] / [`LockGuard`] and [`Semaphore`] / [`Permit`]: `acquire`,
 //!   `try_acquire`, `acquire_timeout`; the guard has `fence()`,
 //!   `valid_until()`, `extend()`, `release()` and `lost()`. Protocols that
-//!   renew (`reentrant`, `fenced`, `lease-semaphore`) renew while the guard
-//!   lives.
+//!   renew (`reentrant`, `fenced`, `time-fenced`, `lease-semaphore`,
+//!   `time-fenced-semaphore`) renew while the guard lives.
 //! - [`Cache::get_or_load`]: the cache-stampede guard, single flight per key.
 //! - [`Nodes`]: one multiplexed connection per node, shared by every lock
 //!   and semaphore built on it with `Lock::on` / `Semaphore::on`

@@ -32,7 +32,8 @@ pub struct LockOptions {
     /// as unknown (and reconnecting). Must be shorter than `ttl`.
     pub request_timeout: Duration,
     /// Renew the hold automatically while the guard lives. Only
-    /// `reentrant`, `fenced` and `lease-semaphore` renew;
+    /// `reentrant`, `fenced`, `time-fenced`, `lease-semaphore` and
+    /// `time-fenced-semaphore` renew;
     /// [`LockOptions::new`] turns it on for them and off for the others,
     /// and asking it of another protocol is
     /// [`OptionsError::AutoRenewWithoutRenewal`].
@@ -130,6 +131,7 @@ fn renews(protocol: ProtocolId) -> bool {
             | ProtocolId::Fenced
             | ProtocolId::TimeFenced
             | ProtocolId::LeaseSemaphore
+            | ProtocolId::TimeFencedSemaphore
     )
 }
 
@@ -176,7 +178,7 @@ fn is_transient(e: &Error) -> bool {
 /// lock key otherwise.
 fn released_key(protocol: ProtocolId, config: &Config) -> String {
     match protocol {
-        ProtocolId::LeaseSemaphore => config.key_with("permits"),
+        ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore => config.key_with("permits"),
         _ => config.key(),
     }
 }
@@ -500,7 +502,7 @@ impl Shared {
                 true,
                 true,
             ),
-            ProtocolId::LeaseSemaphore => (
+            ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore => (
                 Command::Eval {
                     script: Script::LeaseRelease,
                     keys: vec![released_key(self.protocol, &self.config)],
@@ -631,8 +633,8 @@ impl Lock {
 
 /// A counting semaphore: at most `limit` permits at once.
 ///
-/// Where the limit lives depends on the protocol: `lease-semaphore` keeps
-/// it on the server at `{name}:limit` (the `limit` option is stored there by
+/// Where the limit lives depends on the protocol: `lease-semaphore` and
+/// `time-fenced-semaphore` keep it on the server at `{name}:limit` (the `limit` option is stored there by
 /// the first acquire that finds it missing, and is ignored afterwards);
 /// `watch-semaphore` reads `{name}:max`, which an administrator sets; the
 /// others use each client's own `limit` option. [`Semaphore::limit`] reads
@@ -706,12 +708,13 @@ impl Semaphore {
 /// Semaphore administration: where the limit lives on the server.
 impl Semaphore {
     /// The key holding the limit shared by every client, for the protocols
-    /// that keep one (`lease-semaphore`: `{name}:limit`, `watch-semaphore`:
+    /// that keep one (`lease-semaphore` and `time-fenced-semaphore`:
+    /// `{name}:limit`, `watch-semaphore`:
     /// `{name}:max`).
     fn limit_key(&self) -> Result<String, Error> {
         let config = &self.shared.config;
         let key = match self.shared.protocol {
-            ProtocolId::LeaseSemaphore => {
+            ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore => {
                 lockwright_core::semaphores::lease_semaphore::limit_key(config)
             }
             ProtocolId::WatchSemaphore => {
@@ -732,8 +735,8 @@ impl Semaphore {
             .map_err(|f| f.permanent.unwrap_or(Error::Unavailable(f.text)))
     }
 
-    /// The limit in force: read from the server for `lease-semaphore` and
-    /// `watch-semaphore` (shared by every client; [`LimitError::Missing`]
+    /// The limit in force: read from the server for `lease-semaphore`,
+    /// `time-fenced-semaphore` and `watch-semaphore` (shared by every client; [`LimitError::Missing`]
     /// when not set yet, [`LimitError::NotANumber`] when it holds something
     /// else), this client's `limit` option for the others.
     pub async fn limit(&self) -> Result<u32, Error> {
@@ -757,16 +760,16 @@ impl Semaphore {
     }
 
     /// Change the limit for every client: `SET` of the limit key for
-    /// `lease-semaphore` and `watch-semaphore`. Holders beyond a lowered
-    /// limit keep their permits until they release (or, for
-    /// `lease-semaphore`, until they expire); new permits are granted only
+    /// `lease-semaphore`, `time-fenced-semaphore` and `watch-semaphore`.
+    /// Holders beyond a lowered limit keep their permits until they release
+    /// (or, for the lease semaphores, until they expire); new permits are granted only
     /// below the new limit. [`LimitError::PerClient`] for the protocols
     /// whose limit is each client's own option.
     pub async fn set_limit(&self, limit: u32) -> Result<(), Error> {
         self.limit_key()?;
         let config = &self.shared.config;
         let command = match self.shared.protocol {
-            ProtocolId::LeaseSemaphore => {
+            ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore => {
                 lockwright_core::semaphores::lease_semaphore::set_limit_command(config, limit)?
             }
             _ => lockwright_core::semaphores::watch_semaphore::set_max_size_command(config, limit)?,
@@ -783,17 +786,19 @@ impl Semaphore {
     async fn explain_failure(&self, error: Error) -> Error {
         let limit_related = matches!(
             (&error, self.shared.protocol),
-            (Error::Redis(_), ProtocolId::LeaseSemaphore)
-                | (
-                    Error::UnexpectedReply { .. } | Error::Missing(_),
-                    ProtocolId::WatchSemaphore
-                )
+            (
+                Error::Redis(_),
+                ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore
+            ) | (
+                Error::UnexpectedReply { .. } | Error::Missing(_),
+                ProtocolId::WatchSemaphore
+            )
         );
         if !limit_related {
             return error;
         }
         match (self.limit().await, self.shared.protocol) {
-            // lease-semaphore stores its limit when the key is missing: a
+            // The lease semaphores store their limit when the key is missing: a
             // missing key explains nothing.
             (Err(e @ Error::Limit(LimitError::NotANumber { .. })), _) => e,
             (Err(e @ Error::Limit(_)), ProtocolId::WatchSemaphore) => e,

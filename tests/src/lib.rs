@@ -290,6 +290,22 @@ pub async fn raw<T: redis::FromRedisValue>(
     }
 }
 
+/// Store a fence counter at `key` an hour (in µs) ahead of `redis`' clock,
+/// as a counter left by a clock that stepped back; returns the value stored.
+pub async fn fence_counter_ahead_of_the_clock(redis: &RedisServer, key: &str) -> u64 {
+    let mut conn = redis.conn().await;
+    let (secs, micros): (u64, u64) = raw(&mut conn, &mut redis::cmd("TIME")).await;
+    let ahead = secs * 1_000_000 + micros + 3_600_000_000;
+    let _: () = raw(&mut conn, redis::cmd("SET").arg(key).arg(ahead.to_string())).await;
+    ahead
+}
+
+/// The fence counter stored at `key`, as the integer string Redis holds.
+pub async fn stored_fence(redis: &RedisServer, key: &str) -> String {
+    let mut conn = redis.conn().await;
+    raw(&mut conn, redis::cmd("GET").arg(key)).await
+}
+
 /// A 3-master Redis Cluster on loopback ports (no replicas): slots split in
 /// three ranges, nodes introduced with `CLUSTER MEET`. Killed on drop.
 #[derive(Debug)]

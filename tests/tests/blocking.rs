@@ -1,7 +1,8 @@
 //! The blocking front end (`lockwright-blocking`, std::net and the core's
 //! contract only) against real `redis-server` processes: set-px-lua,
-//! fenced, RedLock on three masters and lease-semaphore exclude, fence and
-//! admit as the adapter does, and a release without a reply is unknown.
+//! fenced, RedLock on three masters, lease-semaphore and
+//! time-fenced-semaphore exclude, fence and admit as the adapter does, and
+//! a release without a reply is unknown.
 
 use lockwright_blocking::{Error, Lock};
 use lockwright_core::{Config, ProtocolId};
@@ -102,6 +103,28 @@ fn lease_semaphore_admits_up_to_its_limit() {
     assert!(fences.0 < fences.1, "{fences:?}");
     assert_eq!(first.release(), Ok(true));
     let third = pool.try_acquire().unwrap().expect("a permit came back");
+    assert_eq!(third.release(), Ok(true));
+    assert_eq!(second.release(), Ok(true));
+}
+
+#[test]
+fn time_fenced_semaphore_admits_up_to_its_limit_with_clock_fences() {
+    let Some(redis) = redis_or_skip("blocking time-fenced-semaphore") else {
+        return;
+    };
+    let pool = lock(ProtocolId::TimeFencedSemaphore, "clocked", &[&redis], 2);
+    let first = pool.try_acquire().unwrap().expect("a permit");
+    let second = pool.try_acquire().unwrap().expect("a second permit");
+    assert!(pool.try_acquire().unwrap().is_none(), "the limit is 2");
+    let (Some(a), Some(b)) = (first.lease().fence, second.lease().fence) else {
+        panic!("time-fenced-semaphore permits are fenced");
+    };
+    assert!(a < b, "{a:?} {b:?}");
+    // The first fence is Redis' clock in µs, not a counter starting at 1.
+    assert!(a.0 > 1_000_000_000_000_000, "{a:?}");
+    assert_eq!(first.release(), Ok(true));
+    let third = pool.try_acquire().unwrap().expect("a permit came back");
+    assert!(third.lease().fence > Some(b));
     assert_eq!(third.release(), Ok(true));
     assert_eq!(second.release(), Ok(true));
 }

@@ -11,8 +11,9 @@
 //! local time elapsed since, every TTL is either far above the test's
 //! duration (100 s and more) or zero/negative/in the past (expires at once),
 //! and remaining-time replies (`PTTL`, `TTL`, the timestamps the lease
-//! scripts store, and the clock fences `time-fenced-acquire` returns and
-//! stores) are compared within a small tolerance. Everything else is
+//! scripts store, and the clock fences `time-fenced-acquire` and
+//! `time-fenced-lease-acquire` return and store) are compared within a
+//! small tolerance. Everything else is
 //! compared exactly, error texts included.
 //!
 //! `CI=true` runs 1,000 sequences; locally 100 (or `LOCKWRIGHT_CONFORMANCE_CASES`).
@@ -98,7 +99,9 @@ fn eval() -> impl Strategy<Value = Command> {
                 Script::FencedAcquire | Script::TimeFencedAcquire => {
                     (ks[..2].to_vec(), vec![token, ttl])
                 }
-                Script::LeaseAcquire => (ks, vec![token, ttl, limit]),
+                Script::LeaseAcquire | Script::TimeFencedLeaseAcquire => {
+                    (ks, vec![token, ttl, limit])
+                }
             };
             Command::Eval { script, keys, args }
         })
@@ -325,7 +328,7 @@ fn same_dumped(real: &Dumped, model: &Dumped) -> bool {
                     .zip(b)
                     .all(|((ma, sa), (mb, sb))| ma == mb && same_int(*sa, *sb))
         }
-        // `time-fenced-acquire` stores the server clock in µs as the fence;
+        // The time-fenced scripts store the server clock in µs as the fence;
         // the model's clock has whole milliseconds.
         (Dumped::Str(a), Dumped::Str(b)) => {
             a == b

@@ -3,7 +3,9 @@
 
 use lockwright_core::{catalogue, Kind, ProtocolId};
 use lockwright_redis::{Error, Lock, LockOptions};
-use lockwright_tests::{raw, redis_or_skip, RedisServer};
+use lockwright_tests::{
+    fence_counter_ahead_of_the_clock, raw, redis_or_skip, stored_fence, RedisServer,
+};
 use std::time::Duration;
 
 fn servers_for(protocol: ProtocolId) -> Option<Vec<RedisServer>> {
@@ -293,4 +295,23 @@ async fn a_waiting_acquire_gets_the_lock_after_release() {
         .expect("acquired");
     assert!(got.is_held());
     assert_eq!(got.release().await, Ok(true));
+}
+
+/// The branch of `max(stored + 1, TIME µs)` where the stored counter is
+/// ahead of the clock: the fence is exactly the counter plus one, stored as
+/// an integer string, and not the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_fenced_follows_a_counter_that_is_ahead_of_the_clock() {
+    let Some(redis) = redis_or_skip("time-fenced") else {
+        return;
+    };
+    let ahead = fence_counter_ahead_of_the_clock(&redis, "{ahead}:fence").await;
+    let lock = new_lock(&[&redis], "ahead", options(ProtocolId::TimeFenced, 2_000));
+    let g = lock.try_acquire().await.unwrap().expect("granted");
+    assert_eq!(g.fence().expect("a fence").0, ahead + 1);
+    assert_eq!(
+        stored_fence(&redis, "{ahead}:fence").await,
+        (ahead + 1).to_string()
+    );
+    assert_eq!(g.release().await, Ok(true));
 }

@@ -212,6 +212,11 @@ async fn exact_key_waiters_listen_on_their_own_channel_and_wake_on_release() {
     for (protocol, name, channel) in [
         (ProtocolId::SetPxLua, "order1", "order1:released"),
         (ProtocolId::LeaseSemaphore, "pool", "pool:permits:released"),
+        (
+            ProtocolId::TimeFencedSemaphore,
+            "clocked",
+            "clocked:permits:released",
+        ),
     ] {
         let options = LockOptions {
             exact_key: true,

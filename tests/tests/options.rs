@@ -86,6 +86,7 @@ fn auto_renew_is_on_only_where_it_renews() {
                 | ProtocolId::Fenced
                 | ProtocolId::TimeFenced
                 | ProtocolId::LeaseSemaphore
+                | ProtocolId::TimeFencedSemaphore
         );
         assert_eq!(options.auto_renew, renews, "{protocol}");
     }

@@ -20,7 +20,11 @@ async fn a_changed_limit_applies_to_every_client() {
     let Some(redis) = redis_or_skip("limit change") else {
         return;
     };
-    for protocol in [ProtocolId::LeaseSemaphore, ProtocolId::WatchSemaphore] {
+    for protocol in [
+        ProtocolId::LeaseSemaphore,
+        ProtocolId::TimeFencedSemaphore,
+        ProtocolId::WatchSemaphore,
+    ] {
         let name = format!("pool-{protocol}");
         let sem = Semaphore::new([redis.client()], name.clone(), options(protocol, 1)).unwrap();
         if protocol == ProtocolId::WatchSemaphore {

@@ -61,6 +61,13 @@ pub enum Script {
     /// token with deadline now + ttl, `INCR`s the fence and returns it;
     /// otherwise returns nil.
     LeaseAcquire,
+    /// The keys and arguments of [`Script::LeaseAcquire`], and the same
+    /// steps, but the fence is `max(stored + 1, server TIME in µs)`: after
+    /// the `INCR`, when the result is below the clock's reading in
+    /// microseconds (the same `TIME` call), it stores and returns the
+    /// reading instead. Returns the new fence, or nil when the semaphore is
+    /// full.
+    TimeFencedLeaseAcquire,
     /// `KEYS[1]` permits zset, `ARGV[1]` token, optional `ARGV[2]` = `1` to
     /// publish a release notice. `ZREM`s the token, publishes the notice (if
     /// asked) when one was removed, returns the `ZREM` count.
@@ -73,7 +80,7 @@ pub enum Script {
 
 impl Script {
     /// Every script, in a fixed order.
-    pub const ALL: [Script; 10] = [
+    pub const ALL: [Script; 11] = [
         Script::CompareAndDelete,
         Script::CompareAndPExpire,
         Script::ReentrantLock,
@@ -82,6 +89,7 @@ impl Script {
         Script::FencedAcquire,
         Script::TimeFencedAcquire,
         Script::LeaseAcquire,
+        Script::TimeFencedLeaseAcquire,
         Script::LeaseRelease,
         Script::LeaseRenew,
     ];
@@ -97,6 +105,7 @@ impl Script {
             Script::FencedAcquire => "fenced-acquire",
             Script::TimeFencedAcquire => "time-fenced-acquire",
             Script::LeaseAcquire => "lease-acquire",
+            Script::TimeFencedLeaseAcquire => "time-fenced-lease-acquire",
             Script::LeaseRelease => "lease-release",
             Script::LeaseRenew => "lease-renew",
         }
@@ -186,6 +195,27 @@ if not limit then
 end
 if redis.call('zcard', KEYS[1]) < tonumber(limit) then
   local fence = redis.call('incr', KEYS[2])
+  redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  return fence
+end
+return nil"#
+            }
+            Script::TimeFencedLeaseAcquire => {
+                r#"local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('zremrangebyscore', KEYS[1], '-inf', '(' .. now)
+local limit = redis.call('get', KEYS[3])
+if not limit then
+  limit = ARGV[3]
+  redis.call('set', KEYS[3], limit)
+end
+if redis.call('zcard', KEYS[1]) < tonumber(limit) then
+  local fence = redis.call('incr', KEYS[2])
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if fence < us then
+    fence = us
+    redis.call('set', KEYS[2], string.format('%d', us))
+  end
   redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   return fence
 end
@@ -305,13 +335,6 @@ impl Lua<'_> {
             .ok_or_else(|| Reply::Error("ERR user_script: unexpected TIME reply".into()))
     }
 
-    /// `redis.call('time')` turned into milliseconds, as the lease scripts
-    /// do: `t[1] * 1000 + floor(t[2] / 1000)`.
-    fn time_ms(&mut self) -> Result<i64, Reply> {
-        let (secs, micros) = self.time()?;
-        Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
-    }
-
     /// `redis.call('time')` turned into microseconds, as
     /// `time-fenced-acquire` does: `t[1] * 1000000 + t[2]`.
     fn time_us(&mut self) -> Result<i64, Reply> {
@@ -362,7 +385,8 @@ impl Keyspace {
             Script::ReentrantRenew => reentrant_renew(&mut lua),
             Script::FencedAcquire => fenced_acquire(&mut lua, FenceSource::Counter),
             Script::TimeFencedAcquire => fenced_acquire(&mut lua, FenceSource::CounterOrClock),
-            Script::LeaseAcquire => lease_acquire(&mut lua),
+            Script::LeaseAcquire => lease_acquire(&mut lua, FenceSource::Counter),
+            Script::TimeFencedLeaseAcquire => lease_acquire(&mut lua, FenceSource::CounterOrClock),
             Script::LeaseRelease => lease_release(&mut lua),
             Script::LeaseRenew => lease_renew(&mut lua),
         };
@@ -481,7 +505,7 @@ enum FenceSource {
     /// `INCR` of the stored counter (`fenced-acquire`).
     Counter,
     /// `max(INCR of the stored counter, TIME in µs)`, the larger one stored
-    /// (`time-fenced-acquire`).
+    /// (`time-fenced-acquire`, `time-fenced-lease-acquire`).
     CounterOrClock,
 }
 
@@ -500,22 +524,7 @@ fn fenced_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
         FenceSource::Counter => None,
         FenceSource::CounterOrClock => Some(lua.time_us()?),
     };
-    let fence_key = lua.key(1)?;
-    let mut fence = lua.call(Command::Incr {
-        key: fence_key.clone(),
-    })?;
-    if let (Some(now), Some(counted)) = (clock, fence.as_int()) {
-        if counted < now {
-            fence = Reply::Int(now);
-            lua.call(Command::Set {
-                key: fence_key,
-                value: now.to_string(),
-                condition: SetCondition::Always,
-                expiry: SetExpiry::None,
-                get: false,
-            })?;
-        }
-    }
+    let fence = issue_fence(lua, clock)?;
     let value = lua.arg(0)?;
     // SET parses PX as an integer; a non-positive one is refused by SET
     // itself with "invalid expire time".
@@ -530,21 +539,47 @@ fn fenced_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
     Ok(fence)
 }
 
+/// `INCR` of the fence counter at `KEYS[2]`; with a clock reading in µs,
+/// a result below it is replaced by the reading, stored at the counter.
+fn issue_fence(lua: &mut Lua<'_>, clock_us: Option<i64>) -> Run {
+    let fence_key = lua.key(1)?;
+    let fence = lua.call(Command::Incr {
+        key: fence_key.clone(),
+    })?;
+    match (clock_us, fence.as_int()) {
+        (Some(now), Some(counted)) if counted < now => {
+            lua.call(Command::Set {
+                key: fence_key,
+                value: now.to_string(),
+                condition: SetCondition::Always,
+                expiry: SetExpiry::None,
+                get: false,
+            })?;
+            Ok(Reply::Int(now))
+        }
+        _ => Ok(fence),
+    }
+}
+
 /// The lease scripts' first step: read the server clock and drop the
-/// permits whose deadline is before it. Returns the clock in ms.
-fn drop_expired_permits(lua: &mut Lua<'_>) -> Result<i64, Reply> {
-    let now = lua.time_ms()?;
+/// permits whose deadline is before it. Returns the clock as milliseconds
+/// (`t[1] * 1000 + floor(t[2] / 1000)`) and as microseconds
+/// (`t[1] * 1000000 + t[2]`).
+fn drop_expired_permits(lua: &mut Lua<'_>) -> Result<(i64, i64), Reply> {
+    let (secs, micros) = lua.time()?;
+    let now = secs.saturating_mul(1000).saturating_add(micros / 1000);
+    let now_us = secs.saturating_mul(1_000_000).saturating_add(micros);
     let key = lua.key(0)?;
     lua.call(Command::ZRemRangeByScore {
         key,
         min: ScoreBound::NegInf,
         max: ScoreBound::Exclusive(now),
     })?;
-    Ok(now)
+    Ok((now, now_us))
 }
 
-fn lease_acquire(lua: &mut Lua<'_>) -> Run {
-    let now = drop_expired_permits(lua)?;
+fn lease_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
+    let (now, now_us) = drop_expired_permits(lua)?;
     let limit_key = lua.key(2)?;
     let limit = match lua.call(Command::Get {
         key: limit_key.clone(),
@@ -571,9 +606,16 @@ fn lease_acquire(lua: &mut Lua<'_>) -> Run {
         return Ok(Reply::Nil);
     }
     // The fence first, as in fenced-acquire: no permit without a fence.
-    let fence_key = lua.key(1)?;
-    let fence = lua.call(Command::Incr { key: fence_key })?;
-    let ttl = lua_number(lua.args.get(1).map(String::as_str), 11, ARITHMETIC_NIL)?;
+    let (clock, zadd_line) = match source {
+        FenceSource::Counter => (None, 11),
+        FenceSource::CounterOrClock => (Some(now_us), 16),
+    };
+    let fence = issue_fence(lua, clock)?;
+    let ttl = lua_number(
+        lua.args.get(1).map(String::as_str),
+        zadd_line,
+        ARITHMETIC_NIL,
+    )?;
     let token = lua.arg(0)?;
     lua.call(Command::ZAdd {
         key: permits,
@@ -599,7 +641,7 @@ fn lease_release(lua: &mut Lua<'_>) -> Run {
 }
 
 fn lease_renew(lua: &mut Lua<'_>) -> Run {
-    let now = drop_expired_permits(lua)?;
+    let (now, _) = drop_expired_permits(lua)?;
     let key = lua.key(0)?;
     let token = lua.arg(0)?;
     let score = lua.call(Command::ZScore {

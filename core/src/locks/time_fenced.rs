@@ -16,18 +16,25 @@
 //! counting from its clock in microseconds, which is above every fence
 //! issued before as long as
 //!
-//! - its clock has not stepped back by more than the restart or promotion
-//!   took (a promoted replica's clock must not lag its old master's by more
-//!   than that), and
-//! - fewer grants than the restart's length in microseconds ran ahead of the
-//!   clock (the counter outruns the clock only when grants come faster than
-//!   one per microsecond).
+//! - no node's clock, the current master's or a future master's, reads
+//!   below the highest fence issued. A restart or promotion moves the
+//!   clock on by the time it takes; the fence is safe if the clock did not
+//!   step back by more than that (a promoted replica's clock must not lag
+//!   its old master's by more than that), and
+//! - the counter is not ahead of the clock when the node forgets it.
 //!
 //! Between restarts the stored counter keeps the fence increasing whatever
 //! the clock does: a clock that steps back on a node that keeps its data
-//! breaks nothing. It takes a step back *and* a loss of the counter; the
-//! model's `clock-back` column (a restart whose clock comes back behind)
-//! shows that violation, and `restart` and `failover` show the hole closed.
+//! issues no old fence at that moment. But it leaves the counter ahead of
+//! the clock by the size of the step, and so does a forward jump that is
+//! later corrected, or grants faster than one per microsecond: a restart or
+//! promotion inside that window starts from a clock below fences already
+//! issued, and fences repeat. The model allows one fault per run, so it
+//! shows this only as its `clock-back` column (a restart whose clock comes
+//! back behind) and `failover-clock-lag` (a promoted replica whose clock
+//! lags), each with its trace, not as a step back followed by a later
+//! restart; `restart` and `failover` show the hole closed.
+//!
 //! Mutual exclusion is no better than `fenced`'s: a restarted node still
 //! forgets the hold, and only the resource's refusal of the older fence
 //! keeps its data safe.
@@ -48,7 +55,7 @@
 //!
 //! The server clock costs one `TIME` inside the script that already runs,
 //! no extra round trip and no disk, and what it assumes (server clocks that
-//! do not step back across a restart or failover) is what NTP in slew mode
+//! never read below a fence already issued) is what NTP in slew mode
 //! and a monotonic hardware clock give. Fences are microseconds since the
 //! epoch (about 2^51 today), so they fit Lua's doubles exactly and a
 //! resource compares them as integers.

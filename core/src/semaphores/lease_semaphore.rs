@@ -67,9 +67,11 @@ pub(crate) enum Step {
     Renew,
 }
 
-/// The scripts of `lease-semaphore`.
+/// The scripts of `lease-semaphore` (and of `time-fenced-semaphore`, which
+/// differs only in its acquire script).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct LeaseRecipe {
+    acquire: Script,
     permits: String,
     fence: String,
     limit_key: String,
@@ -86,7 +88,7 @@ impl Recipe for LeaseRecipe {
         match op {
             Op::Acquire => (
                 Command::Eval {
-                    script: Script::LeaseAcquire,
+                    script: self.acquire,
                     keys: vec![
                         self.permits.clone(),
                         self.fence.clone(),
@@ -121,7 +123,7 @@ impl Recipe for LeaseRecipe {
                 Next::Granted(Some(Fence(fence.unsigned_abs())))
             }
             (Step::Acquire, Reply::Nil) => Next::NotGranted,
-            (Step::Acquire, reply) => unexpected("lease-acquire", reply),
+            (Step::Acquire, reply) => unexpected(self.acquire.name(), reply),
             (Step::Release, Reply::Int(n)) => Next::Done { ours: n > 0 },
             (Step::Release, reply) => unexpected("lease-release", reply),
             (Step::Renew, Reply::Int(n @ (0 | 1))) => Next::Done { ours: n == 1 },
@@ -140,21 +142,31 @@ impl LeaseSemaphore {
     /// a limit) on `{name}:permits`, for the owner `token`, renewed
     /// automatically at a third of the TTL when `config.auto_renew`.
     pub fn new(config: &Config, token: Token) -> Result<LeaseSemaphore, ConfigError> {
-        let mut engine = EngineConfig::checked(
-            config.validate_semaphore("lease-semaphore"),
-            config,
-            token.clone(),
-        )?;
-        let recipe = LeaseRecipe {
-            permits: permits_key(config),
-            fence: config.key_with("fence"),
-            limit_key: limit_key(config),
-            token: token.0.clone(),
-            ttl_ms: config.ttl_ms.to_string(),
-            limit: config.limit.to_string(),
-            notify_releases: config.notify_releases,
-        };
-        engine.auto_renew = config.auto_renew;
-        Ok(LeaseSemaphore(Engine::new(recipe, engine)))
+        lease_engine("lease-semaphore", Script::LeaseAcquire, config, token).map(LeaseSemaphore)
     }
+}
+
+/// The engine of a lease semaphore named `protocol` whose grants run the
+/// script `acquire` (one with [`Script::LeaseAcquire`]'s keys and
+/// arguments).
+pub(crate) fn lease_engine(
+    protocol: &'static str,
+    acquire: Script,
+    config: &Config,
+    token: Token,
+) -> Result<Engine<LeaseRecipe>, ConfigError> {
+    let mut engine =
+        EngineConfig::checked(config.validate_semaphore(protocol), config, token.clone())?;
+    let recipe = LeaseRecipe {
+        acquire,
+        permits: permits_key(config),
+        fence: config.key_with("fence"),
+        limit_key: limit_key(config),
+        token: token.0.clone(),
+        ttl_ms: config.ttl_ms.to_string(),
+        limit: config.limit.to_string(),
+        notify_releases: config.notify_releases,
+    };
+    engine.auto_renew = config.auto_renew;
+    Ok(Engine::new(recipe, engine))
 }

@@ -7,6 +7,7 @@
 //! | `fair-semaphore-locked` | [`fair_semaphore_locked`] | "Redis in Action" 6.3.5 |
 //! | `watch-semaphore` | [`watch_semaphore`] | "Redis使用手册" |
 //! | `lease-semaphore` | [`lease_semaphore`] | beyond the sources |
+//! | `time-fenced-semaphore` | [`time_fenced_semaphore`] | beyond the sources |
 //!
 //! Every semaphore is a *recipe* (which commands an acquire, a release and
 //! an extend send, and what each reply means) run by the one engine
@@ -19,6 +20,7 @@
 pub mod fair_semaphore;
 pub mod fair_semaphore_locked;
 pub mod lease_semaphore;
+pub mod time_fenced_semaphore;
 pub mod watch_semaphore;
 pub mod zset_semaphore;
 
