@@ -95,8 +95,8 @@ fn alive(pid: u32) -> bool {
 }
 
 /// Removes what chaos runs of processes that no longer exist left behind
-/// (a run killed before it could clean up): their containers, networks and
-/// clock directories. Best effort: a failure leaves them for the next run.
+/// (a run killed before it could clean up): their containers, networks,
+/// nemesis iptables rules and directories. Best effort: a failure leaves them for the next run.
 pub(crate) fn remove_leftovers() {
     const NAMES: &str = "lockwright-chaos-";
     let dead = |name: &&str| owner_pid(name, NAMES).is_some_and(|pid| !alive(pid));
@@ -119,10 +119,16 @@ pub(crate) fn remove_leftovers() {
             let _ = docker_blocking(&["network", "rm", network]);
         }
     }
+    crate::nemesis::run::remove_leftover_rules(|owner| {
+        owner_pid(owner, NAMES).is_some_and(|pid| !alive(pid))
+    });
     if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if owner_pid(&name, "lockwright-faketime-").is_some_and(|pid| !alive(pid)) {
+            if owner_pid(&name, "lockwright-faketime-")
+                .or_else(|| owner_pid(&name, NAMES))
+                .is_some_and(|pid| !alive(pid))
+            {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }

@@ -54,6 +54,72 @@
 //! is the model's verdict. Its client clocks are the test process' own.
 //! `tests/faults.rs` checks each container fault on its own.
 //!
+//! ## The nemesis (`nemesis`, `tests/nemesis.rs`, the `nemesis` binary)
+//!
+//! Randomized runs against the adapter users run. Each run creates a
+//! network, its Redis nodes (one, or five for RedLock), a resource Redis
+//! and N client containers (default 5, up to 20) of a local image built by
+//! the run itself ([`nemesis::run::ensure_client_image`]: `FROM` the Redis
+//! image, plus the `nemesis-client` binary and the shared libraries `ldd`
+//! names, at their real paths; nothing is pulled). Each client loops
+//! acquire → read the resource → (the protocols that renew: work for 0.5 to
+//! 1.5 TTLs, leaving when `lost()` fires) → modify, begun only with the
+//! modify step and a quarter of the TTL of validity left → write the
+//! resource → release, with `lockwright-redis` (`Lock`, `Semaphore`,
+//! guards, fences, `valid_until()`, `lost()`), and appends one JSON line per
+//! operation with
+//! its invocation and completion times on the host clock and its outcome:
+//! ok, fail, or indeterminate (a timeout or lost connection: recorded as
+//! unknown, never as success or failure).
+//!
+//! The resource runs one Lua script that appends every access,
+//! `client|seq|read or write|fence|ok or refused|µs`, to a list, and
+//! refuses a fence lower than the highest it accepted. The checker
+//! ([`nemesis::checker`]) judges from that list, the single order in which
+//! the resource ran the accesses: two clients are certainly inside at once
+//! when one's read is logged between the other's read and write (a
+//! section whose write never reached the resource is not counted, so
+//! nothing is guessed); a superseded holder's write accepted after its
+//! successor's read violates the fenced resource; fences accepted out of
+//! order, accesses logged twice, or logged otherwise than their client saw
+//! them answered are integrity failures; a semaphore fails when more
+//! sections than permits overlap. Owner-only is judged under pauses only:
+//! an overlap of two sections neither of whose clients was paused.
+//!
+//! Faults, real and seeded (the seed is printed and replays the schedule
+//! and the clients' choices; container timing still varies):
+//!
+//! The classes are [`nemesis::run::FaultClass`]: client `pause` (`docker
+//! pause`), `partition` (iptables black holes between chosen client and
+//! node containers), `restart` and `restart-persisted` (SIGKILL of a
+//! node's `redis-server`, started again by the node container's
+//! supervisor) and `clock-jump` (libfaketime in the node's `redis-server`,
+//! its offset moved forward at run time); `docs/nemesis.md` has the whole
+//! table and the model column each is compared with.
+//!
+//! Not done yet, and not claimed: Sentinel failover, client clock skew
+//! and node clocks that step back, the delaying relay, the progress
+//! property, a crash of a client container. Client clocks are the host's
+//! (no libfaketime in client containers).
+//!
+//! Mutations ([`nemesis::Mutation`], in the client, never in the library)
+//! must be caught: working 20 % of the TTL past `valid_until()`
+//! (`set-px-lua`, no fault), releasing with a plain `DEL` (`set-px-lua`,
+//! pauses, judged as owner-only), not passing the fence to the resource
+//! (`fenced`, pauses), ignoring `lost()` (`reentrant`, partitions). Each
+//! cell's model verdict is read from `model/expectations.txt`: a violation
+//! in a holds cell fails the test with its seed and log excerpt; a violated
+//! cell not found is reported as `not found`.
+//!
+//! Every container, network, rule and directory carries the prefix
+//! `lockwright-chaos-<pid>-nemesis-<n>` and is removed at the end of its
+//! run, also on an error or a panic; [`check_environment`] removes those
+//! of processes that are gone.
+//!
+//! ```text
+//! cargo run -p lockwright-chaos --release --bin nemesis -- --minutes 10 --clients 5 --seed 1
+//! ```
+//!
 //! ## The image
 //!
 //! `lockwright/redis-faketime:7` is built locally, once per machine, by
@@ -112,6 +178,7 @@ pub mod api_shim;
 mod clock;
 mod docker;
 pub mod history;
+pub mod nemesis;
 mod node;
 pub mod replay;
 pub mod report;

@@ -1,0 +1,448 @@
+//! One nemesis client: loops acquire → read → (work, for the protocols that
+//! renew) → modify → write → release on
+//! the real adapter (`lockwright-redis`) against the nodes it is given, and
+//! appends a JSON line per operation to `--out`. Runs in a container of its
+//! own (see `lockwright_chaos::nemesis::run`); `--mutation` builds in one
+//! deliberate bug.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use lockwright_chaos::nemesis::record::{
+    high_key, log_key, OpKind, OpRecord, Outcome, RESOURCE_SCRIPT,
+};
+use lockwright_chaos::nemesis::{Mutation, Rng, UnknownName};
+use lockwright_redis::redis::aio::MultiplexedConnection;
+use lockwright_redis::redis::{self, AsyncConnectionConfig};
+use lockwright_redis::{Error, Lock, LockGuard, LockOptions, ProtocolId, Semaphore};
+
+/// A nemesis client.
+#[derive(Debug, Parser)]
+struct Args {
+    /// This client's number.
+    #[arg(long)]
+    id: u32,
+    /// The catalogue protocol.
+    #[arg(long)]
+    protocol: String,
+    /// The nodes' URLs, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    nodes: Vec<String>,
+    /// The protected resource's URL.
+    #[arg(long)]
+    resource: String,
+    /// The lock's name.
+    #[arg(long, default_value = "nemesis")]
+    lock: String,
+    /// The lease's TTL in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    ttl_ms: u64,
+    /// Permits of a semaphore.
+    #[arg(long, default_value_t = 1)]
+    limit: u32,
+    /// How long to loop, in milliseconds.
+    #[arg(long)]
+    duration_ms: u64,
+    /// A deliberate bug: none, overstate, plain-del, no-fence, ignore-lost.
+    #[arg(long, default_value = "none")]
+    mutation: String,
+    /// Where to append the history (JSON lines).
+    #[arg(long)]
+    out: PathBuf,
+    /// Seed of this client's choices.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    #[error(transparent)]
+    Name(#[from] UnknownName),
+    #[error("unknown protocol {0}")]
+    Protocol(String),
+    #[error("adapter: {0}")]
+    Adapter(#[from] Error),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("history file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("history record: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+enum Handle {
+    Lock(Lock),
+    Semaphore(Semaphore),
+}
+
+impl Handle {
+    async fn acquire(&self, timeout: Duration) -> Result<LockGuard, Error> {
+        match self {
+            Handle::Lock(lock) => lock.acquire_timeout(timeout).await,
+            Handle::Semaphore(semaphore) => semaphore.acquire_timeout(timeout).await,
+        }
+    }
+}
+
+/// How an adapter error leaves the operation.
+fn classify(error: &Error) -> Outcome {
+    match error {
+        Error::Timeout | Error::Lost => Outcome::Fail,
+        _ => Outcome::Indeterminate,
+    }
+}
+
+struct Client {
+    args: Args,
+    mutation: Mutation,
+    out: std::io::LineWriter<std::fs::File>,
+    resource: redis::Client,
+    connection: Option<MultiplexedConnection>,
+    script: redis::Script,
+    rng: Rng,
+    ttl: Duration,
+}
+
+impl Client {
+    fn record(
+        &mut self,
+        seq: u64,
+        op: OpKind,
+        invoke_us: u64,
+        outcome: Outcome,
+        fence: Option<u64>,
+        detail: String,
+    ) -> Result<(), ClientError> {
+        let record = OpRecord {
+            client: self.args.id,
+            seq,
+            op,
+            invoke_us,
+            complete_us: now_us(),
+            outcome,
+            fence,
+            detail,
+        };
+        serde_json::to_writer(&mut self.out, &record)?;
+        self.out.write_all(b"\n")?;
+        Ok(())
+    }
+
+    /// One access to the resource: accepted, refused, or unknown.
+    async fn access(&mut self, seq: u64, op: &str, fence: Option<u64>) -> (Outcome, String) {
+        if self.connection.is_none() {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(Duration::from_millis(500)))
+                .set_response_timeout(Some(Duration::from_millis(500)));
+            match self
+                .resource
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+            {
+                Ok(connection) => self.connection = Some(connection),
+                // Not connected: nothing was sent.
+                Err(e) => return (Outcome::Fail, format!("connect: {e}")),
+            }
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return (Outcome::Fail, "no connection".to_owned());
+        };
+        let reply: Result<i64, _> = self
+            .script
+            .key(log_key(&self.args.lock))
+            .key(high_key(&self.args.lock))
+            .arg(self.args.id)
+            .arg(seq)
+            .arg(op)
+            .arg(fence.map(|f| f.to_string()).unwrap_or_default())
+            .invoke_async(connection)
+            .await;
+        match reply {
+            Ok(1) => (Outcome::Ok, String::new()),
+            Ok(_) => (Outcome::Fail, "refused".to_owned()),
+            Err(e) => {
+                self.connection = None;
+                (Outcome::Indeterminate, e.to_string())
+            }
+        }
+    }
+
+    async fn release(
+        &mut self,
+        seq: u64,
+        guard: LockGuard,
+        handle: &Handle,
+    ) -> Result<(), ClientError> {
+        let invoke = now_us();
+        let fence = guard.fence().map(|f| f.0);
+        let (outcome, detail) = match (self.mutation, handle) {
+            (Mutation::PlainDel, Handle::Lock(lock)) => {
+                let key = lock.key();
+                let mut outcome = Outcome::Ok;
+                let mut detail = String::new();
+                for url in &self.args.nodes {
+                    let result: Result<i64, redis::RedisError> = async {
+                        let config = AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(Duration::from_millis(250)))
+                            .set_response_timeout(Some(Duration::from_millis(250)));
+                        let mut c = redis::Client::open(url.as_str())?
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await?;
+                        redis::cmd("DEL").arg(&key).query_async(&mut c).await
+                    }
+                    .await;
+                    if let Err(e) = result {
+                        outcome = Outcome::Indeterminate;
+                        detail = e.to_string();
+                    }
+                }
+                // The guard's own release runs in the background on drop.
+                drop(guard);
+                (outcome, format!("plain DEL {detail}"))
+            }
+            _ => match guard.release().await {
+                Ok(true) => (Outcome::Ok, String::new()),
+                Ok(false) => (Outcome::Fail, "already gone".to_owned()),
+                Err(e) => (classify(&e), e.to_string()),
+            },
+        };
+        self.record(seq, OpKind::Release, invoke, outcome, fence, detail)
+    }
+}
+
+async fn run(args: Args) -> Result<(), ClientError> {
+    let mutation = Mutation::from_str(&args.mutation)?;
+    let protocol = ProtocolId::from_str(&args.protocol)
+        .map_err(|_| ClientError::Protocol(args.protocol.clone()))?;
+    let ttl = Duration::from_millis(args.ttl_ms.max(20));
+    let mut options = LockOptions::new(protocol, ttl);
+    options.request_timeout = (ttl / 4).min(Duration::from_millis(250));
+    options.retry_base = Duration::from_millis(5);
+    options.retry_max = Duration::from_millis(40);
+    options.limit = args.limit;
+    let clients = args
+        .nodes
+        .iter()
+        .map(|url| redis::Client::open(url.as_str()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let semaphore = matches!(
+        protocol,
+        ProtocolId::LeaseSemaphore
+            | ProtocolId::ZsetSemaphore
+            | ProtocolId::FairSemaphore
+            | ProtocolId::FairSemaphoreLocked
+            | ProtocolId::WatchSemaphore
+    );
+    let handle = if semaphore {
+        Handle::Semaphore(Semaphore::new(clients, &args.lock, options.clone())?)
+    } else {
+        let mut options = options.clone();
+        options.limit = 1;
+        Handle::Lock(Lock::new(clients, &args.lock, options)?)
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args.out)?;
+    let mut client = Client {
+        resource: redis::Client::open(args.resource.as_str())?,
+        rng: Rng::new(args.seed ^ u64::from(args.id).wrapping_mul(0x9E37_79B9)),
+        mutation,
+        out: std::io::LineWriter::new(file),
+        connection: None,
+        script: redis::Script::new(RESOURCE_SCRIPT),
+        ttl,
+        args,
+    };
+    let deadline = Instant::now() + Duration::from_millis(client.args.duration_ms);
+    let ttl_ms = client.ttl.as_millis() as u64;
+    let mut seq = 0;
+    while Instant::now() < deadline {
+        seq += 1;
+        let invoke = now_us();
+        let guard = match handle.acquire(client.ttl * 2).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                client.record(
+                    seq,
+                    OpKind::Acquire,
+                    invoke,
+                    classify(&e),
+                    None,
+                    e.to_string(),
+                )?;
+                let pause = client.rng.range(0, 20);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                continue;
+            }
+        };
+        let fence = guard.fence().map(|f| f.0);
+        client.record(
+            seq,
+            OpKind::Acquire,
+            invoke,
+            Outcome::Ok,
+            fence,
+            String::new(),
+        )?;
+        let sent_fence = if mutation == Mutation::NoFence {
+            None
+        } else {
+            fence
+        };
+        let mut abandoned: Option<String> = None;
+        // The section begins with the read of the resource.
+        let at = now_us();
+        let (outcome, detail) = client.access(seq, "read", sent_fence).await;
+        client.record(seq, OpKind::Read, at, outcome, sent_fence, detail)?;
+        if outcome != Outcome::Ok {
+            abandoned = Some("read not accepted".to_owned());
+        }
+        // Protocols that renew do long work, watching lost().
+        if abandoned.is_none() && options.auto_renew {
+            let work = Duration::from_millis(client.rng.range(ttl_ms / 2, ttl_ms * 3 / 2));
+            if mutation == Mutation::IgnoreLost {
+                tokio::time::sleep(work).await;
+            } else {
+                tokio::select! {
+                    biased;
+                    () = guard.lost() => abandoned = Some("lost() fired during the work".to_owned()),
+                    () = tokio::time::sleep(work) => {}
+                }
+            }
+        }
+        // The modify step and the write run to their end once begun: they
+        // start only with the modify step and a quarter of the TTL left.
+        let modify = Duration::from_millis(client.rng.range(ttl_ms / 5, ttl_ms * 2 / 5));
+        let checks = !matches!(mutation, Mutation::Overstate | Mutation::IgnoreLost);
+        if abandoned.is_none() && checks && guard.remaining() < modify + client.ttl / 4 {
+            abandoned = Some(format!("{:?} left, too short", guard.remaining()));
+        }
+        if abandoned.is_none() {
+            if mutation == Mutation::Overstate {
+                let until = guard.valid_until() + client.ttl / 5;
+                tokio::time::sleep_until(until.into()).await;
+            } else {
+                tokio::time::sleep(modify).await;
+            }
+            let at = now_us();
+            let (outcome, detail) = client.access(seq, "write", sent_fence).await;
+            client.record(seq, OpKind::Write, at, outcome, sent_fence, detail)?;
+        }
+        if let Some(reason) = abandoned {
+            client.record(seq, OpKind::Abandon, now_us(), Outcome::Ok, fence, reason)?;
+        }
+        client.release(seq, guard, &handle).await?;
+    }
+    Ok(())
+}
+
+/// `nemesis-client supervise PROGRAM ARGS...`: the entry point of a node
+/// container. Runs PROGRAM (redis-server) as its child; on SIGUSR1 kills it
+/// with SIGKILL (a real kill -9 of the real process, nothing simulated) and
+/// on SIGUSR2 starts it again, so that a node comes back in milliseconds
+/// where a restart of its container takes hundreds. SIGTERM kills the child
+/// and exits; a child that dies by itself ends the supervisor with it.
+/// `SUPERVISE_LD_PRELOAD`, when set, is the child's `LD_PRELOAD`.
+async fn supervise(program: String, argv: Vec<String>) -> Result<(), SuperviseError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // `SUPERVISE_LD_PRELOAD` becomes the child's `LD_PRELOAD` (libfaketime
+    // for redis-server, not for the supervisor).
+    let preload = std::env::var_os("SUPERVISE_LD_PRELOAD");
+    let start = || {
+        let mut command = tokio::process::Command::new(&program);
+        command.args(&argv).kill_on_drop(true);
+        if let Some(preload) = &preload {
+            command.env("LD_PRELOAD", preload);
+        }
+        command.spawn()
+    };
+    async fn exited(
+        child: &mut Option<tokio::process::Child>,
+    ) -> std::io::Result<std::process::ExitStatus> {
+        match child {
+            Some(child) => child.wait().await,
+            None => std::future::pending().await,
+        }
+    }
+    let mut kill = signal(SignalKind::user_defined1())?;
+    let mut restart = signal(SignalKind::user_defined2())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut child = Some(start()?);
+    loop {
+        tokio::select! {
+            // A kill is handled before a restart that is already pending.
+            biased;
+            _ = kill.recv() => {
+                if let Some(mut running) = child.take() {
+                    running.kill().await?;
+                    eprintln!("supervise: {program} killed with SIGKILL");
+                }
+            }
+            _ = restart.recv() => {
+                if child.is_none() {
+                    child = Some(start()?);
+                    eprintln!("supervise: {program} started again");
+                }
+            }
+            _ = term.recv() => {
+                if let Some(mut running) = child.take() {
+                    running.kill().await?;
+                }
+                return Ok(());
+            }
+            status = exited(&mut child) => {
+                return Err(format!("{program} exited by itself: {}", status?).into());
+            }
+        }
+    }
+}
+
+/// The supervisor's error.
+type SuperviseError = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("nemesis-client: runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut raw = std::env::args().skip(1);
+    if raw.next().as_deref() == Some("supervise") {
+        let Some(program) = raw.next() else {
+            eprintln!("nemesis-client supervise: PROGRAM ARGS... expected");
+            return ExitCode::FAILURE;
+        };
+        return match runtime.block_on(supervise(program, raw.collect())) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("nemesis-client supervise: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = Args::parse();
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nemesis-client: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The randomized nemesis for long runs: round after round of the chosen
+//! (protocol, fault) cells with fresh seeds, then the mutations; prints a
+//! progress line per run, the table and the summary line.
+//!
+//! ```text
+//! cargo run -p lockwright-chaos --release --bin nemesis -- --minutes 10 --clients 5 --seed 1
+//! ```
+//!
+//! Needs Docker, the local image `lockwright/redis-faketime:7`
+//! (`.ci/build-redis-image.sh`), iptables (root) and the `nemesis-client`
+//! binary next to this one (`cargo build -p lockwright-chaos --release
+//! --bins` builds both).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use lockwright_chaos::nemesis::campaign::{
+    failures, progress_line, rows, run_mutation, table, Settings,
+};
+use lockwright_chaos::nemesis::run::{run, FaultClass};
+use lockwright_chaos::nemesis::Mutation;
+use lockwright_chaos::{check_environment, Availability, ChaosError};
+use lockwright_core::ProtocolId;
+
+/// The randomized nemesis against the real adapter.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Minutes of correct-client runs (at least one round is run).
+    #[arg(long, default_value_t = 5.0)]
+    minutes: f64,
+    /// Client containers per run (1 to 20).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=20))]
+    clients: u16,
+    /// First seed (printed; run `i` uses `seed + i`).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Seconds the clients of one run loop.
+    #[arg(long, default_value_t = 10)]
+    run_seconds: u64,
+    /// Lease TTL in ms.
+    #[arg(long, default_value_t = 1000)]
+    ttl_ms: u64,
+    /// Protocols, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "set-px-lua,fenced,redlock,lease-semaphore,reentrant"
+    )]
+    protocols: Vec<String>,
+    /// Fault classes, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,pause,partition,restart,restart-persisted"
+    )]
+    faults: Vec<String>,
+    /// Mutations to try, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "overstate,plain-del,no-fence,ignore-lost"
+    )]
+    mutations: Vec<String>,
+    /// Runs per mutation before it counts as not caught (0 skips them).
+    #[arg(long, default_value_t = 3)]
+    mutation_runs: usize,
+    /// The client binary (default: `nemesis-client` next to this binary).
+    #[arg(long)]
+    client_binary: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error(transparent)]
+    Chaos(#[from] ChaosError),
+    #[error(transparent)]
+    Name(#[from] lockwright_chaos::nemesis::UnknownName),
+    #[error("unknown protocol {0}")]
+    Protocol(String),
+    #[error("cannot locate the nemesis-client binary: {0}")]
+    Binary(String),
+    #[error("Docker or the image is missing")]
+    Unavailable,
+    #[error("interrupted; the current run's containers, network and rules were removed")]
+    Interrupted,
+}
+
+async fn campaign(args: Args) -> Result<bool, Error> {
+    if check_environment()? != Availability::Ready {
+        return Err(Error::Unavailable);
+    }
+    let protocols = args
+        .protocols
+        .iter()
+        .map(|p| ProtocolId::from_str(p).map_err(|_| Error::Protocol(p.clone())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let faults = args
+        .faults
+        .iter()
+        .map(|f| FaultClass::from_str(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let client_binary = match args.client_binary.clone() {
+        Some(path) => path,
+        None => std::env::current_exe()
+            .map_err(|e| Error::Binary(e.to_string()))?
+            .with_file_name("nemesis-client"),
+    };
+    if !client_binary.exists() {
+        return Err(Error::Binary(format!(
+            "{} does not exist (cargo build -p lockwright-chaos --release --bins)",
+            client_binary.display()
+        )));
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(1)
+    });
+    println!("nemesis: seed {seed} (replay with --seed {seed})");
+    let settings = Settings {
+        clients: usize::from(args.clients),
+        run_duration: Duration::from_secs(args.run_seconds.max(3)),
+        ttl_ms: args.ttl_ms.max(100),
+        seed,
+        client_binary,
+    };
+    let started = Instant::now();
+    let budget = Duration::from_secs_f64(args.minutes.max(0.0) * 60.0);
+    let mut reports = Vec::new();
+    let mut next_seed = seed;
+    'rounds: loop {
+        for &protocol in &protocols {
+            for &fault in &faults {
+                let config = settings.config(protocol, fault, next_seed, Mutation::None);
+                next_seed = next_seed.wrapping_add(1);
+                let report = run(&config).await?;
+                println!("{}", progress_line(started.elapsed(), &report));
+                reports.push(report);
+            }
+        }
+        if started.elapsed() >= budget {
+            break 'rounds;
+        }
+    }
+    let mut mutations = Vec::new();
+    if args.mutation_runs > 0 {
+        for mutation in &args.mutations {
+            let mutation = Mutation::from_str(mutation)?;
+            let row = run_mutation(&settings, mutation, args.mutation_runs, |report| {
+                println!("{}", progress_line(started.elapsed(), report));
+            })
+            .await?;
+            mutations.push(row);
+        }
+    }
+    let rows = rows(&reports);
+    println!("\n{}", table(&rows, &mutations));
+    let failed = failures(&reports, &rows, &mutations);
+    for failure in &failed {
+        println!("FAILED: {failure}");
+    }
+    Ok(failed.is_empty())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("nemesis: runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Ctrl-C drops the campaign, and with it the current run's topology,
+    // which removes its containers, network and rules.
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            outcome = campaign(args) => outcome,
+            _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
+        }
+    });
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("nemesis: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

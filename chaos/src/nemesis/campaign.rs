@@ -1,0 +1,346 @@
+//! Many runs, their table against the model, and the mutation checks:
+//! what the `nemesis` binary and `tests/nemesis.rs` share.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lockwright_core::ProtocolId;
+use lockwright_model::matrix::Verdict;
+use lockwright_model::PropertyId;
+
+use super::run::{model_verdict, run, FaultClass, Observed, RunConfig, RunReport};
+use super::Mutation;
+use crate::ChaosError;
+
+/// The properties the nemesis judges (progress is not judged yet).
+pub const JUDGED: [PropertyId; 3] = [
+    PropertyId::MutualExclusion,
+    PropertyId::FencedResource,
+    PropertyId::OwnerOnly,
+];
+
+/// Settings shared by every run of a campaign.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Client containers per run.
+    pub clients: usize,
+    /// How long the clients of one run loop.
+    pub run_duration: Duration,
+    /// Lease TTL.
+    pub ttl_ms: u64,
+    /// First seed; run `i` uses `seed + i`.
+    pub seed: u64,
+    /// The `nemesis-client` binary.
+    pub client_binary: PathBuf,
+}
+
+impl Settings {
+    /// The configuration of one run.
+    pub fn config(
+        &self,
+        protocol: ProtocolId,
+        fault: FaultClass,
+        seed: u64,
+        mutation: Mutation,
+    ) -> RunConfig {
+        RunConfig {
+            protocol,
+            fault,
+            clients: self.clients,
+            duration: self.run_duration,
+            ttl_ms: self.ttl_ms,
+            limit: if protocol == ProtocolId::LeaseSemaphore {
+                2
+            } else {
+                1
+            },
+            seed,
+            mutation,
+            client_binary: self.client_binary.clone(),
+        }
+    }
+}
+
+/// Where a mutation is tried: a cell whose property the model says holds
+/// for the correct protocol, so a violation there is the mutation's.
+pub fn mutation_cell(mutation: Mutation) -> (ProtocolId, FaultClass, PropertyId) {
+    match mutation {
+        Mutation::None | Mutation::Overstate => (
+            ProtocolId::SetPxLua,
+            FaultClass::None,
+            PropertyId::MutualExclusion,
+        ),
+        Mutation::PlainDel => (
+            ProtocolId::SetPxLua,
+            FaultClass::Pause,
+            PropertyId::OwnerOnly,
+        ),
+        Mutation::NoFence => (
+            ProtocolId::Fenced,
+            FaultClass::Pause,
+            PropertyId::FencedResource,
+        ),
+        Mutation::IgnoreLost => (
+            ProtocolId::Reentrant,
+            FaultClass::Partition,
+            PropertyId::MutualExclusion,
+        ),
+    }
+}
+
+/// How a cell's observations compare with the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Agreement {
+    /// Both say holds, or both say violated.
+    Agree,
+    /// The model says violated; no run found it (not a failure).
+    NotFound,
+    /// The model says holds and a run found a violation: the evidence.
+    Disagree(String),
+}
+
+/// One row of the table: a (protocol, fault, property) cell over its runs.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Protocol.
+    pub protocol: ProtocolId,
+    /// Fault class.
+    pub fault: FaultClass,
+    /// Property.
+    pub property: PropertyId,
+    /// Runs of this cell.
+    pub runs: usize,
+    /// Operations recorded by the clients.
+    pub operations: usize,
+    /// Of which indeterminate.
+    pub indeterminate: usize,
+    /// Runs that found a violation.
+    pub found: usize,
+    /// The model's verdict.
+    pub model: Verdict,
+    /// Agreement.
+    pub agreement: Agreement,
+    /// Seed of the first run that found a violation.
+    pub seed: Option<u64>,
+}
+
+/// Aggregates runs into rows (judged properties only).
+pub fn rows(reports: &[RunReport]) -> Vec<Row> {
+    let mut rows: BTreeMap<(String, FaultClass, usize), Row> = BTreeMap::new();
+    for report in reports {
+        let config = &report.config;
+        for (index, property) in JUDGED.into_iter().enumerate() {
+            let observed = report.observed(property);
+            if observed == Observed::NotJudged {
+                continue;
+            }
+            let model = model_verdict(config.protocol, config.fault, property);
+            let row = rows
+                .entry((config.protocol.as_str().to_owned(), config.fault, index))
+                .or_insert_with(|| Row {
+                    protocol: config.protocol,
+                    fault: config.fault,
+                    property,
+                    runs: 0,
+                    operations: 0,
+                    indeterminate: 0,
+                    found: 0,
+                    model,
+                    agreement: if model == Verdict::Violated {
+                        Agreement::NotFound
+                    } else {
+                        Agreement::Agree
+                    },
+                    seed: None,
+                });
+            row.runs += 1;
+            row.operations += report.operations;
+            row.indeterminate += report.indeterminate;
+            if let Observed::Violated(excerpt) = observed {
+                row.found += 1;
+                row.seed.get_or_insert(config.seed);
+                match model {
+                    Verdict::Violated => row.agreement = Agreement::Agree,
+                    Verdict::Holds => {
+                        if !matches!(row.agreement, Agreement::Disagree(_)) {
+                            row.agreement = Agreement::Disagree(format!(
+                                "seed {}: {excerpt}; faults: {}",
+                                config.seed,
+                                report.faults.join("; ")
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    rows.into_values().collect()
+}
+
+/// A mutation's outcome.
+#[derive(Clone, Debug)]
+pub struct MutationRow {
+    /// The mutation.
+    pub mutation: Mutation,
+    /// Where it was tried.
+    pub cell: (ProtocolId, FaultClass, PropertyId),
+    /// Runs tried.
+    pub runs: usize,
+    /// The evidence of the first run that caught it.
+    pub caught: Option<String>,
+}
+
+/// Runs `mutation` in its cell, up to `attempts` runs (seeds `seed`,
+/// `seed + 1`, ...), until one shows a violation of the cell's property.
+pub async fn run_mutation(
+    settings: &Settings,
+    mutation: Mutation,
+    attempts: usize,
+    mut progress: impl FnMut(&RunReport),
+) -> Result<MutationRow, ChaosError> {
+    let cell = mutation_cell(mutation);
+    let (protocol, fault, property) = cell;
+    let mut row = MutationRow {
+        mutation,
+        cell,
+        runs: 0,
+        caught: None,
+    };
+    for attempt in 0..attempts {
+        let seed = settings.seed.wrapping_add(attempt as u64);
+        let report = run(&settings.config(protocol, fault, seed, mutation)).await?;
+        row.runs += 1;
+        progress(&report);
+        if let Observed::Violated(excerpt) = report.observed(property) {
+            row.caught = Some(format!("seed {seed}: {excerpt}"));
+            break;
+        }
+    }
+    Ok(row)
+}
+
+/// The table and summary of a campaign.
+pub fn table(rows: &[Row], mutations: &[MutationRow]) -> String {
+    let mut out = String::from(
+        "| protocol | fault | property | runs | operations | indeterminate | violations found | model | agree? |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let agree = match &row.agreement {
+            Agreement::Agree => "yes".to_owned(),
+            Agreement::NotFound => "not found".to_owned(),
+            Agreement::Disagree(_) => "NO".to_owned(),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} of {} runs | {} | {} |\n",
+            row.protocol.as_str(),
+            row.fault.as_str(),
+            row.property.as_str(),
+            row.runs,
+            row.operations,
+            row.indeterminate,
+            row.found,
+            row.runs,
+            row.model.as_str(),
+            agree
+        ));
+    }
+    if !mutations.is_empty() {
+        out.push_str("\n| mutation | protocol | fault | property | runs | caught |\n|---|---|---|---|---|---|\n");
+        for m in mutations {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                m.mutation.as_str(),
+                m.cell.0.as_str(),
+                m.cell.1.as_str(),
+                m.cell.2.as_str(),
+                m.runs,
+                if m.caught.is_some() { "yes" } else { "NO" }
+            ));
+        }
+    }
+    out.push('\n');
+    out.push_str(&summary(rows, mutations));
+    out.push('\n');
+    out
+}
+
+/// `nemesis: A of C cells agree with the model, K of M mutations caught`.
+pub fn summary(rows: &[Row], mutations: &[MutationRow]) -> String {
+    let agree = rows
+        .iter()
+        .filter(|r| r.agreement == Agreement::Agree)
+        .count();
+    let caught = mutations.iter().filter(|m| m.caught.is_some()).count();
+    format!(
+        "nemesis: {agree} of {} cells agree with the model, {caught} of {} mutations caught",
+        rows.len(),
+        mutations.len()
+    )
+}
+
+/// What fails a campaign: a holds cell with a violation (with its seed and
+/// evidence), an integrity finding, a mutation not caught.
+pub fn failures(reports: &[RunReport], rows: &[Row], mutations: &[MutationRow]) -> Vec<String> {
+    let mut out = Vec::new();
+    for row in rows {
+        if let Agreement::Disagree(evidence) = &row.agreement {
+            out.push(format!(
+                "({}, {}, {}): the model says holds, the nemesis found {evidence}",
+                row.protocol.as_str(),
+                row.fault.as_str(),
+                row.property.as_str()
+            ));
+        }
+    }
+    for report in reports {
+        for failure in report.integrity_failures() {
+            out.push(format!(
+                "({}, {}) seed {}: {failure}",
+                report.config.protocol.as_str(),
+                report.config.fault.as_str(),
+                report.config.seed
+            ));
+        }
+    }
+    for m in mutations.iter().filter(|m| m.caught.is_none()) {
+        out.push(format!(
+            "mutation {} not caught in {} runs of ({}, {})",
+            m.mutation.as_str(),
+            m.runs,
+            m.cell.0.as_str(),
+            m.cell.1.as_str()
+        ));
+    }
+    out
+}
+
+/// One progress line for a finished run.
+pub fn progress_line(elapsed: Duration, report: &RunReport) -> String {
+    let config = &report.config;
+    let mut found: Vec<&str> = report.judgement.findings.iter().map(|f| f.check).collect();
+    found.sort_unstable();
+    found.dedup();
+    format!(
+        "[{:>5.0}s] {} x {} seed {}{}: {} ops ({} acquired, {} indeterminate), {} faults, findings: {}",
+        elapsed.as_secs_f64(),
+        config.protocol.as_str(),
+        config.fault.as_str(),
+        config.seed,
+        if config.mutation == Mutation::None {
+            String::new()
+        } else {
+            format!(" mutation {}", config.mutation.as_str())
+        },
+        report.operations,
+        report.acquired,
+        report.indeterminate,
+        report.faults.len(),
+        if found.is_empty() {
+            "none".to_owned()
+        } else {
+            found.join(", ")
+        }
+    )
+}

@@ -1,0 +1,469 @@
+//! The nemesis checker: judges a run from the protected resource's log and
+//! the clients' histories, trusting neither the adapter's validity nor the
+//! clients' own claims: a property's violation is read from the log alone
+//! (the integrity checks compare the clients' answers with it). The one use
+//! of a client's record is its acquire's invocation time, which only widens
+//! the stretch in which a nemesis pause excuses an overlap (owner-only).
+//!
+//! The resource is a single Redis running one script, so its log is a total
+//! order of the accesses that reached it, in real time. A client's critical
+//! section is the stretch from its read (entry) to its write (exit) of one
+//! loop iteration; both are in the log when they reached the resource,
+//! whether accepted or refused. The checks:
+//!
+//! - **mutual exclusion**: when a client's read is logged while more than
+//!   `limit - 1` other clients' sections are open, that is, their read is
+//!   logged before it and their write after it, more than `limit` clients
+//!   were inside at the instant the resource ran that read. A section whose
+//!   write never reached the resource (abandoned, crashed, timed out) is
+//!   never counted as open: no uncertainty window is guessed, so a reported
+//!   overlap is certain and a missed one is possible.
+//! - **fenced resource** (locks only): the resource accepted a client's
+//!   write after it accepted the read of another client that entered after
+//!   that client's own accepted read: a superseded holder's write landed
+//!   after its successor's access.
+//! - **fence order**: the fences of accepted accesses never decrease.
+//! - **lost or duplicated accesses**: each (client, iteration, step) is
+//!   logged at most once, each access its client saw succeed is logged as
+//!   accepted, and none its client saw refused (or never sent) is logged as
+//!   accepted.
+
+use std::collections::HashMap;
+
+use super::record::{LogEntry, OpKind, OpRecord, Outcome};
+
+/// What the checker found for one property.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// The check: `mutual-exclusion`, `fenced-resource`, `fence-order`,
+    /// `lost-or-duplicated`.
+    pub check: &'static str,
+    /// The evidence: the log entries involved.
+    pub excerpt: String,
+}
+
+/// The checker's verdicts for one run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Judgement {
+    /// Every violation found (empty: none).
+    pub findings: Vec<Finding>,
+    /// Sections with both their read and their write logged.
+    pub complete_sections: usize,
+}
+
+impl Judgement {
+    /// The findings of one check.
+    pub fn of(&self, check: &str) -> impl Iterator<Item = &Finding> {
+        let check = check.to_owned();
+        self.findings.iter().filter(move |f| f.check == check)
+    }
+
+    /// Was `check` violated?
+    pub fn violated(&self, check: &str) -> bool {
+        self.of(check).next().is_some()
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Section {
+    read: Option<usize>,
+    write: Option<usize>,
+}
+
+/// A client paused by the nemesis from `from_us` to `to_us` (host time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paused {
+    /// The client.
+    pub client: u32,
+    /// When the pause command was issued.
+    pub from_us: u64,
+    /// When the unpause command returned.
+    pub to_us: u64,
+}
+
+/// Slack around a pause when deciding whether a section was paused: the
+/// resource's clock and the harness' are the same host clock, the slack
+/// covers the time between a command and its effect.
+const PAUSE_SLACK_US: u64 = 100_000;
+
+/// Judges a run: `log` in the resource's order, `history` the clients'
+/// records (any order), `limit` the permits allowed at once (1 for a lock).
+pub fn judge(log: &[LogEntry], history: &[OpRecord], limit: usize) -> Judgement {
+    judge_with_pauses(log, history, limit, &[])
+}
+
+/// [`judge`], and also `unpaused-overlap`: a mutual-exclusion overlap in
+/// which no hold involved was paused by the nemesis (`paused`); a hold runs
+/// from its acquire's invocation (from `history`, when recorded) to its
+/// write, or its read when no write was logged. A
+/// paused holder explains an overlap (the pause cells of the matrix); two
+/// unpaused sections overlapping in a run whose only fault is pauses mean
+/// that a hold was ended by someone other than its owner or its TTL.
+pub fn judge_with_pauses(
+    log: &[LogEntry],
+    history: &[OpRecord],
+    limit: usize,
+    paused: &[Paused],
+) -> Judgement {
+    let mut judgement = Judgement::default();
+    let mut sections: HashMap<(u32, u64), Section> = HashMap::new();
+    let mut seen: HashMap<(u32, u64, bool), usize> = HashMap::new();
+    for (index, entry) in log.iter().enumerate() {
+        let is_read = entry.op == OpKind::Read;
+        if let Some(first) = seen.insert((entry.client, entry.seq, is_read), index) {
+            judgement.findings.push(Finding {
+                check: "lost-or-duplicated",
+                excerpt: format!(
+                    "logged twice: #{first} {} and #{index} {}",
+                    log[first].to_text(),
+                    entry.to_text()
+                ),
+            });
+            continue;
+        }
+        let section = sections.entry((entry.client, entry.seq)).or_default();
+        if is_read {
+            section.read = Some(index);
+        } else {
+            section.write = Some(index);
+        }
+    }
+    let complete: Vec<((u32, u64), usize, usize)> = sections
+        .iter()
+        .filter_map(|(&key, s)| match (s.read, s.write) {
+            (Some(r), Some(w)) if r < w => Some((key, r, w)),
+            _ => None,
+        })
+        .collect();
+    judgement.complete_sections = complete.len();
+    // When each hold began: its acquire's invocation (host clock), when the
+    // client recorded one. A pause between the acquire and the read leaves
+    // the holder's lease running out before its section opens, so it
+    // explains the overlaps of that section as much as a pause inside it.
+    let acquired_at: HashMap<(u32, u64), u64> = history
+        .iter()
+        .filter(|r| r.op == OpKind::Acquire && r.outcome == Outcome::Ok)
+        .map(|r| ((r.client, r.seq), r.invoke_us))
+        .collect();
+
+    // Mutual exclusion: at each read, who else is certainly inside?
+    for (index, entry) in log.iter().enumerate() {
+        if entry.op != OpKind::Read {
+            continue;
+        }
+        let inside: Vec<&((u32, u64), usize, usize)> = complete
+            .iter()
+            .filter(|((client, _), r, w)| *client != entry.client && *r < index && index < *w)
+            .collect();
+        let was_paused = |client: u32, from: usize, to: usize| {
+            let seq = log[from].seq;
+            let (mut from, to) = (log[from].at_us, log[to].at_us);
+            if let Some(&at) = acquired_at.get(&(client, seq)) {
+                from = from.min(at);
+            }
+            paused.iter().any(|p| {
+                p.client == client
+                    && p.from_us <= to + PAUSE_SLACK_US
+                    && from <= p.to_us + PAUSE_SLACK_US
+            })
+        };
+        if inside.len() + 1 > limit {
+            let own = sections
+                .get(&(entry.client, entry.seq))
+                .and_then(|s| s.write)
+                .unwrap_or(index);
+            let unpaused = inside
+                .iter()
+                .filter(|((client, _), r, w)| !was_paused(*client, *r, *w))
+                .count();
+            if !was_paused(entry.client, index, own) && unpaused + 1 > limit {
+                judgement.findings.push(Finding {
+                    check: "unpaused-overlap",
+                    excerpt: format!("#{index} {} (no section paused)", entry.to_text()),
+                });
+            }
+            let mut excerpt = format!("#{index} {} entered while inside:", entry.to_text());
+            for ((_, _), r, w) in inside.iter().take(4) {
+                excerpt.push_str(&format!(
+                    " [#{r} {} .. #{w} {}]",
+                    log[*r].to_text(),
+                    log[*w].to_text()
+                ));
+            }
+            judgement.findings.push(Finding {
+                check: "mutual-exclusion",
+                excerpt,
+            });
+        }
+    }
+
+    // Fenced resource: an accepted write of a holder whose successor's read
+    // was accepted after its own.
+    if limit == 1 {
+        for &((client, _), r, w) in &complete {
+            if !(log[r].accepted && log[w].accepted) {
+                continue;
+            }
+            if let Some((k, later)) = log
+                .iter()
+                .enumerate()
+                .take(w)
+                .skip(r + 1)
+                .find(|(_, e)| e.op == OpKind::Read && e.accepted && e.client != client)
+            {
+                judgement.findings.push(Finding {
+                    check: "fenced-resource",
+                    excerpt: format!(
+                        "#{r} {} then #{k} {} then the older holder's #{w} {} accepted",
+                        log[r].to_text(),
+                        later.to_text(),
+                        log[w].to_text()
+                    ),
+                });
+            }
+        }
+    }
+
+    // Fence order among accepted accesses.
+    let mut high: Option<(usize, u64)> = None;
+    for (index, entry) in log.iter().enumerate() {
+        let (true, Some(fence)) = (entry.accepted, entry.fence) else {
+            continue;
+        };
+        match high {
+            Some((at, top)) if fence < top => judgement.findings.push(Finding {
+                check: "fence-order",
+                excerpt: format!(
+                    "#{index} {} accepted after #{at} {}",
+                    entry.to_text(),
+                    log[at].to_text()
+                ),
+            }),
+            _ => high = Some((index, fence)),
+        }
+    }
+
+    // Every access a client saw answered is logged with that answer.
+    for record in history {
+        let is_read = match record.op {
+            OpKind::Read => true,
+            OpKind::Write => false,
+            _ => continue,
+        };
+        let logged = seen
+            .get(&(record.client, record.seq, is_read))
+            .map(|&i| &log[i]);
+        let problem = match (record.outcome, logged) {
+            (Outcome::Indeterminate, _) => None,
+            (Outcome::Ok, None) => Some("answered ok but not logged"),
+            // Refused, or never sent (no connection).
+            (Outcome::Fail, None) => None,
+            (Outcome::Ok, Some(entry)) if !entry.accepted => Some("answered ok, logged refused"),
+            (Outcome::Fail, Some(entry)) if entry.accepted => Some("answered refused, logged ok"),
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            judgement.findings.push(Finding {
+                check: "lost-or-duplicated",
+                excerpt: format!(
+                    "client {} seq {} {:?} ({}): {problem}",
+                    record.client,
+                    record.seq,
+                    record.op,
+                    record.outcome.as_str()
+                ),
+            });
+        }
+    }
+    judgement
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(lines: &[&str]) -> Vec<LogEntry> {
+        lines
+            .iter()
+            .enumerate()
+            .map(|(i, line)| {
+                LogEntry::parse(&format!("{line}|{i}")).unwrap_or_else(|| panic!("{line}"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sequential_sections_are_clean() {
+        let log = log(&[
+            "1|1|read|1|ok",
+            "1|1|write|1|ok",
+            "2|1|read|2|ok",
+            "2|1|write|2|ok",
+        ]);
+        let judgement = judge(&log, &[], 1);
+        assert_eq!(judgement.findings, vec![]);
+        assert_eq!(judgement.complete_sections, 2);
+    }
+
+    #[test]
+    fn an_entry_inside_another_section_is_an_overlap() {
+        let log = log(&[
+            "1|1|read||ok",
+            "2|1|read||ok",
+            "1|1|write||ok",
+            "2|1|write||ok",
+        ]);
+        let judgement = judge(&log, &[], 1);
+        assert!(judgement.violated("mutual-exclusion"));
+        // Unfenced: the older holder's write was accepted after the newer read.
+        assert!(judgement.violated("fenced-resource"));
+        // Two permits allow it.
+        assert!(!judge(&log, &[], 2).violated("mutual-exclusion"));
+    }
+
+    #[test]
+    fn a_fence_that_refuses_the_stale_write_keeps_the_resource_safe() {
+        let log = log(&[
+            "1|1|read|5|ok",
+            "2|1|read|6|ok",
+            "1|1|write|5|refused",
+            "2|1|write|6|ok",
+        ]);
+        let judgement = judge(&log, &[], 1);
+        // The sections still overlapped in time ...
+        assert!(judgement.violated("mutual-exclusion"));
+        // ... but the resource refused the superseded write.
+        assert!(!judgement.violated("fenced-resource"));
+        assert!(!judgement.violated("fence-order"));
+    }
+
+    #[test]
+    fn a_section_without_its_write_is_not_guessed_open() {
+        let log = log(&["1|1|read||ok", "2|1|read||ok", "2|1|write||ok"]);
+        assert_eq!(judge(&log, &[], 1).findings, vec![]);
+    }
+
+    #[test]
+    fn an_overlap_explained_by_a_pause_is_not_an_unpaused_overlap() {
+        // Entries are timed 0, 1, 2, 3 µs.
+        let log = log(&[
+            "1|1|read||ok",
+            "2|1|read||ok",
+            "1|1|write||ok",
+            "2|1|write||ok",
+        ]);
+        let none = judge_with_pauses(&log, &[], 1, &[]);
+        assert!(none.violated("unpaused-overlap"));
+        let pause = Paused {
+            client: 1,
+            from_us: 1,
+            to_us: 2,
+        };
+        let judged = judge_with_pauses(&log, &[], 1, &[pause]);
+        assert!(judged.violated("mutual-exclusion"));
+        assert!(!judged.violated("unpaused-overlap"));
+    }
+
+    #[test]
+    fn three_holders_of_a_two_permit_semaphore_are_over_the_limit() {
+        let log = log(&[
+            "1|1|read|1|ok",
+            "2|1|read|2|ok",
+            "3|1|read|3|ok",
+            "1|1|write|1|ok",
+            "2|1|write|2|ok",
+            "3|1|write|3|ok",
+        ]);
+        assert!(judge(&log, &[], 2).violated("mutual-exclusion"));
+        assert!(!judge(&log, &[], 3).violated("mutual-exclusion"));
+    }
+
+    #[test]
+    fn fences_accepted_out_of_order_are_flagged() {
+        let log = log(&["1|1|read|7|ok", "1|1|write|7|ok", "2|1|read|6|ok"]);
+        assert!(judge(&log, &[], 1).violated("fence-order"));
+    }
+
+    fn record(client: u32, seq: u64, op: OpKind, outcome: Outcome) -> OpRecord {
+        OpRecord {
+            client,
+            seq,
+            op,
+            invoke_us: 0,
+            complete_us: 1,
+            outcome,
+            fence: None,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn lost_and_duplicated_accesses_are_flagged() {
+        let twice = log(&["1|1|read||ok", "1|1|read||ok"]);
+        assert!(judge(&twice, &[], 1).violated("lost-or-duplicated"));
+        let one = log(&["1|1|read||ok"]);
+        let lost = [record(1, 1, OpKind::Write, Outcome::Ok)];
+        assert!(judge(&one, &lost, 1).violated("lost-or-duplicated"));
+        let unknown = [record(1, 1, OpKind::Write, Outcome::Indeterminate)];
+        assert!(!judge(&one, &unknown, 1).violated("lost-or-duplicated"));
+        let refused = [record(1, 1, OpKind::Read, Outcome::Fail)];
+        assert!(judge(&one, &refused, 1).violated("lost-or-duplicated"));
+        let never_sent = [record(1, 1, OpKind::Write, Outcome::Fail)];
+        assert!(!judge(&one, &never_sent, 1).violated("lost-or-duplicated"));
+    }
+
+    #[test]
+    fn a_pause_between_the_acquire_and_the_read_explains_the_overlap() {
+        // Client 1 acquired at 0 µs, was paused from 1 to 2 µs, and read
+        // only at 500 ms, long after its lease ran out: client 2, not
+        // paused, got in meanwhile. The pause explains the overlap although
+        // it ended before client 1's section began.
+        let mut log = log(&[
+            "2|1|read||ok",
+            "1|1|read||ok",
+            "2|1|write||ok",
+            "1|1|write||ok",
+        ]);
+        for (i, entry) in log.iter_mut().enumerate() {
+            entry.at_us = 500_000 + i as u64;
+        }
+        let mut acquire = record(1, 1, OpKind::Acquire, Outcome::Ok);
+        acquire.invoke_us = 0;
+        let pause = Paused {
+            client: 1,
+            from_us: 1,
+            to_us: 2,
+        };
+        let judged = judge_with_pauses(&log, &[acquire.clone()], 1, &[pause]);
+        assert!(judged.violated("mutual-exclusion"));
+        assert!(!judged.violated("unpaused-overlap"));
+        // Without the pause both sections are unpaused.
+        assert!(judge_with_pauses(&log, &[acquire], 1, &[]).violated("unpaused-overlap"));
+    }
+
+    #[test]
+    fn a_resource_that_accepts_an_older_fence_is_caught() {
+        // The superseded holder's write (fence 5) accepted after its
+        // successor's read (fence 6): a broken resource.
+        let log = log(&[
+            "1|1|read|5|ok",
+            "2|1|read|6|ok",
+            "1|1|write|5|ok",
+            "2|1|write|6|ok",
+        ]);
+        let judgement = judge(&log, &[], 1);
+        assert!(judgement.violated("fence-order"));
+        assert!(judgement.violated("fenced-resource"));
+        // An indeterminate write that did land is judged from the log.
+        let unknown = [record(1, 1, OpKind::Write, Outcome::Indeterminate)];
+        assert!(judge(&log, &unknown, 1).violated("fenced-resource"));
+        // A refused read opens no accepted access: the holder it would
+        // have superseded may still write.
+        let refused = log_of_refused_read();
+        assert!(!judge(&refused, &[], 1).violated("fenced-resource"));
+    }
+
+    fn log_of_refused_read() -> Vec<LogEntry> {
+        log(&["1|1|read|6|ok", "2|1|read|5|refused", "1|1|write|6|ok"])
+    }
+}

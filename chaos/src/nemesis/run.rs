@@ -1,0 +1,984 @@
+//! One nemesis run: the topology (a network, Redis nodes, the resource and
+//! the client containers), the seeded fault schedule, and the verdicts.
+//!
+//! Every container, network, iptables rule and directory a run creates
+//! carries the name prefix `lockwright-chaos-<pid>-nemesis-<n>`; the
+//! [`Topology`] removes them when it is dropped (also on a panic or an
+//! error), and [`crate::check_environment`] removes those of runs whose
+//! process is gone.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lockwright_core::ProtocolId;
+use lockwright_model::matrix::{expected, parse_expectations, Verdict, EXPECTATIONS};
+use lockwright_model::{Fault, PropertyId};
+use redis::AsyncConnectionConfig;
+
+use super::checker::{judge_with_pauses, Judgement, Paused};
+use super::record::{log_key, LogEntry, OpKind, OpRecord, Outcome};
+use super::{Mutation, Rng, UnknownName};
+use crate::clock::{FakeClock, OFFSET_FILE};
+use crate::docker::{docker, docker_blocking};
+use crate::{default_image, ChaosError, FAKETIME_DIR, LIBFAKETIME, REDIS_PORT};
+
+/// The local image the clients run in (tagged by a hash of the binary).
+pub const CLIENT_IMAGE: &str = "lockwright/nemesis-client";
+/// Where the client binary sits in its image.
+pub const CLIENT_PATH: &str = "/usr/local/bin/nemesis-client";
+
+/// Where the Redis image (and so the client image built on it) keeps
+/// `redis-server`.
+const REDIS_SERVER_PATH: &str = "/usr/local/bin/redis-server";
+
+/// The nemesis' fault classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultClass {
+    /// No fault: contention only.
+    None,
+    /// `docker pause` of a client container for 1.2 to 2 TTLs: three times
+    /// in four the client that has just read the resource (inside its
+    /// section), else the one that wrote last.
+    Pause,
+    /// iptables DROP rules in `DOCKER-USER` between chosen client and node
+    /// containers (both directions of each pair: a black hole, no reset),
+    /// for 1.5 to 3 TTLs, begun as a client enters its section (when one
+    /// does within a TTL) and always cutting that client.
+    Partition,
+    /// SIGKILL of a node's `redis-server` process while a client is inside
+    /// its section (when one enters within a TTL), started again by the
+    /// node container's supervisor after up to 100 ms; the node comes back
+    /// empty.
+    Restart,
+    /// As [`FaultClass::Restart`] with `--appendonly yes --appendfsync always`.
+    RestartPersisted,
+    /// A node's clock jumps forward by 1.2 to 2 TTLs while a client is
+    /// inside its section (when one enters within a TTL): libfaketime in the
+    /// node's `redis-server`, its offset file rewritten at run time, so the
+    /// real process reads a clock that has moved on and expires the keys
+    /// early. The jumps add up; the clock never goes back.
+    ClockJump,
+}
+
+impl FaultClass {
+    /// Every class.
+    pub const ALL: [FaultClass; 6] = [
+        FaultClass::None,
+        FaultClass::Pause,
+        FaultClass::Partition,
+        FaultClass::Restart,
+        FaultClass::RestartPersisted,
+        FaultClass::ClockJump,
+    ];
+
+    /// The name in tables and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultClass::None => "none",
+            FaultClass::Pause => "pause",
+            FaultClass::Partition => "partition",
+            FaultClass::Restart => "restart",
+            FaultClass::RestartPersisted => "restart-persisted",
+            FaultClass::ClockJump => "clock-jump",
+        }
+    }
+
+    /// The model's column this class is compared with. The model's
+    /// `partition` cuts one node from every client; the nemesis cuts chosen
+    /// client-node pairs (some clients still reach the node), so its
+    /// verdicts are compared with the model's `partition` column as the
+    /// nearest, not as the same fault.
+    pub fn model_fault(self) -> Fault {
+        match self {
+            FaultClass::None => Fault::None,
+            FaultClass::Pause => Fault::Pause,
+            FaultClass::Partition => Fault::Partition,
+            FaultClass::Restart => Fault::Restart,
+            FaultClass::RestartPersisted => Fault::RestartPersisted,
+            FaultClass::ClockJump => Fault::ClockJump,
+        }
+    }
+}
+
+impl FromStr for FaultClass {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FaultClass::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "fault class",
+                name: s.to_owned(),
+            })
+    }
+}
+
+/// One run's settings.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The protocol under test.
+    pub protocol: ProtocolId,
+    /// The faults injected.
+    pub fault: FaultClass,
+    /// How many client containers.
+    pub clients: usize,
+    /// How long the clients loop.
+    pub duration: Duration,
+    /// The lease TTL.
+    pub ttl_ms: u64,
+    /// Permits of a semaphore (1 for locks).
+    pub limit: u32,
+    /// Seed of the schedule and of the clients' choices.
+    pub seed: u64,
+    /// A deliberate bug in every client, or none.
+    pub mutation: Mutation,
+    /// The `nemesis-client` binary to put in the client image.
+    pub client_binary: PathBuf,
+}
+
+impl RunConfig {
+    /// How many nodes the protocol runs on: 5 for RedLock, 1 otherwise.
+    pub fn nodes(&self) -> usize {
+        if self.protocol == ProtocolId::Redlock {
+            5
+        } else {
+            1
+        }
+    }
+
+    /// Is the protocol a semaphore?
+    pub fn is_semaphore(&self) -> bool {
+        matches!(
+            self.protocol,
+            ProtocolId::LeaseSemaphore
+                | ProtocolId::ZsetSemaphore
+                | ProtocolId::FairSemaphore
+                | ProtocolId::FairSemaphoreLocked
+                | ProtocolId::WatchSemaphore
+        )
+    }
+}
+
+/// What a run observed.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// The run's settings.
+    pub config: RunConfig,
+    /// Operations the clients recorded.
+    pub operations: usize,
+    /// Of which ended indeterminate.
+    pub indeterminate: usize,
+    /// Acquires that succeeded.
+    pub acquired: usize,
+    /// Faults applied, as text, in order.
+    pub faults: Vec<String>,
+    /// The checker's findings.
+    pub judgement: Judgement,
+    /// The resource's log.
+    pub log: Vec<LogEntry>,
+}
+
+/// What the nemesis observed for one model property.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// A violation, with its evidence.
+    Violated(String),
+    /// None seen.
+    Clean,
+    /// The nemesis cannot judge this property in this cell.
+    NotJudged,
+}
+
+impl RunReport {
+    /// The nemesis' observation of `property`. Mutual exclusion and the
+    /// fenced resource are read from the resource's log; owner-only is
+    /// judged only under pauses, as an overlap of two unpaused sections;
+    /// progress is not judged yet.
+    pub fn observed(&self, property: PropertyId) -> Observed {
+        let check = match property {
+            PropertyId::MutualExclusion => "mutual-exclusion",
+            PropertyId::FencedResource if !self.config.is_semaphore() => "fenced-resource",
+            PropertyId::OwnerOnly if self.config.fault == FaultClass::Pause => "unpaused-overlap",
+            _ => return Observed::NotJudged,
+        };
+        match self.judgement.of(check).next() {
+            Some(finding) => Observed::Violated(finding.excerpt.clone()),
+            None => Observed::Clean,
+        }
+    }
+
+    /// Integrity findings that no model cell explains: accesses lost,
+    /// duplicated or answered differently from what the resource logged,
+    /// fences accepted out of order (the resource refuses them).
+    pub fn integrity_failures(&self) -> Vec<String> {
+        self.judgement
+            .findings
+            .iter()
+            .filter(|f| matches!(f.check, "fence-order" | "lost-or-duplicated"))
+            .map(|f| format!("{}: {}", f.check, f.excerpt))
+            .collect()
+    }
+}
+
+/// The model's verdict for a cell, from `model/expectations.txt`.
+pub fn model_verdict(protocol: ProtocolId, fault: FaultClass, property: PropertyId) -> Verdict {
+    let rules = parse_expectations(EXPECTATIONS).unwrap_or_default();
+    expected(&rules, protocol, fault.model_fault(), property)
+        .map(|rule| rule.verdict)
+        .unwrap_or(Verdict::Holds)
+}
+
+// --- the client image ----------------------------------------------------------
+
+/// Builds (once per binary) the local client image: `FROM` the Redis image,
+/// which already carries libc, libm and ld-linux, plus the client binary
+/// and the shared libraries `ldd` names, at their real paths. Returns its
+/// `name:tag`. Nothing is pulled.
+pub async fn ensure_client_image(binary: &Path) -> Result<String, ChaosError> {
+    let bytes = std::fs::read(binary)?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    let tag = format!("{CLIENT_IMAGE}:{:016x}", hasher.finish());
+    if docker(&["image", "inspect", "--format", "{{.Id}}", &tag])
+        .await
+        .is_ok()
+    {
+        return Ok(tag);
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "lockwright-chaos-{}-client-image",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("usr/local/bin"))?;
+    std::fs::copy(binary, rootfs.join(CLIENT_PATH.trim_start_matches('/')))?;
+    let ldd = tokio::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .await?;
+    for path in String::from_utf8_lossy(&ldd.stdout)
+        .split_whitespace()
+        .filter(|word| word.starts_with('/'))
+    {
+        let named = Path::new(path);
+        let real = std::fs::canonicalize(named)?;
+        let target = rootfs.join(real.strip_prefix("/").unwrap_or(&real));
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::copy(&real, &target)?;
+        // The name the loader asks for, next to the real file.
+        if let (Some(parent), Some(name)) = (real.parent(), named.file_name()) {
+            let link = rootfs
+                .join(parent.strip_prefix("/").unwrap_or(parent))
+                .join(name);
+            if !link.exists() {
+                if let Some(file) = real.file_name() {
+                    std::os::unix::fs::symlink(file, &link)?;
+                }
+            }
+        }
+    }
+    let base = default_image();
+    std::fs::write(
+        dir.join("Dockerfile"),
+        format!("FROM {base}\nCOPY rootfs/ /\nENTRYPOINT [\"{CLIENT_PATH}\"]\n"),
+    )?;
+    let context = dir.to_string_lossy().into_owned();
+    let built = docker(&[
+        "build",
+        "-q",
+        "-t",
+        &tag,
+        "--label",
+        "org.lockwright.chaos=client-image",
+        &context,
+    ])
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    built?;
+    // Older client images of this machine are of no further use.
+    if let Ok(tags) = docker(&[
+        "images",
+        CLIENT_IMAGE,
+        "--format",
+        "{{.Repository}}:{{.Tag}}",
+    ])
+    .await
+    {
+        for old in tags.lines().filter(|t| *t != tag) {
+            let _ = docker(&["rmi", old]).await;
+        }
+    }
+    Ok(tag)
+}
+
+// --- the topology ----------------------------------------------------------------
+
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// The containers, network, rules and files of one run. Dropping it
+/// removes them all.
+#[derive(Debug)]
+pub struct Topology {
+    prefix: String,
+    subnet: String,
+    network: Option<String>,
+    containers: Vec<String>,
+    rules: Vec<Vec<String>>,
+    out_dir: PathBuf,
+}
+
+impl Topology {
+    fn new() -> Result<Topology, ChaosError> {
+        let prefix = format!(
+            "lockwright-chaos-{}-nemesis-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::Relaxed)
+        );
+        let out_dir = std::env::temp_dir().join(&prefix);
+        std::fs::create_dir_all(&out_dir)?;
+        Ok(Topology {
+            prefix,
+            subnet: String::new(),
+            network: None,
+            containers: Vec::new(),
+            rules: Vec::new(),
+            out_dir,
+        })
+    }
+
+    /// `10.213.k.<host>`.
+    fn ip(&self, host: u8) -> String {
+        format!("{}.{host}", self.subnet)
+    }
+
+    async fn create_network(&mut self) -> Result<(), ChaosError> {
+        let name = format!("{}-net", self.prefix);
+        let start = (std::process::id() as u64 * 7 + RUNS.load(Ordering::Relaxed)) % 200;
+        let mut last = None;
+        for attempt in 0..40 {
+            let subnet = format!("10.213.{}", (start + attempt) % 250);
+            let cidr = format!("{subnet}.0/24");
+            match docker(&[
+                "network",
+                "create",
+                "--subnet",
+                &cidr,
+                "--label",
+                "org.lockwright.chaos=nemesis",
+                &name,
+            ])
+            .await
+            {
+                Ok(_) => {
+                    self.subnet = subnet;
+                    self.network = Some(name);
+                    return Ok(());
+                }
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| ChaosError::Harness("no free subnet".to_owned())))
+    }
+
+    async fn run_container(
+        &mut self,
+        name: &str,
+        ip: &str,
+        args: &[&str],
+    ) -> Result<(), ChaosError> {
+        let network = self.network.clone().unwrap_or_default();
+        let mut all = vec![
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            &network,
+            "--ip",
+            ip,
+            "--label",
+            "org.lockwright.chaos=nemesis",
+        ];
+        all.extend_from_slice(args);
+        self.containers.push(name.to_owned());
+        docker(&all).await?;
+        Ok(())
+    }
+
+    async fn add_rule(&mut self, spec: Vec<String>) -> Result<(), ChaosError> {
+        let mut insert = vec!["-I".to_owned(), "DOCKER-USER".to_owned()];
+        insert.extend(spec.iter().cloned());
+        iptables(&insert).await?;
+        self.rules.push(spec);
+        Ok(())
+    }
+
+    async fn remove_rules(&mut self) -> Result<(), ChaosError> {
+        for spec in std::mem::take(&mut self.rules) {
+            let mut delete = vec!["-D".to_owned(), "DOCKER-USER".to_owned()];
+            delete.extend(spec);
+            iptables(&delete).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes everything the run created (idempotent; also run on drop).
+    pub fn cleanup(&mut self) {
+        for spec in std::mem::take(&mut self.rules) {
+            let mut delete = vec!["-D".to_owned(), "DOCKER-USER".to_owned()];
+            delete.extend(spec);
+            let _ = std::process::Command::new("iptables")
+                .args(&delete)
+                .output();
+        }
+        let containers = std::mem::take(&mut self.containers);
+        if !containers.is_empty() {
+            let names: Vec<&str> = containers.iter().map(String::as_str).collect();
+            let _ = docker_blocking(&[&["rm", "-f"][..], &names].concat());
+        }
+        if let Some(network) = self.network.take() {
+            let _ = docker_blocking(&["network", "rm", &network]);
+        }
+        let _ = std::fs::remove_dir_all(&self.out_dir);
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+async fn iptables(args: &[String]) -> Result<(), ChaosError> {
+    let output = tokio::process::Command::new("iptables")
+        .args(args)
+        .output()
+        .await?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(ChaosError::DockerCli {
+            args: format!("(iptables) {}", args.join(" ")),
+            message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// Removes the `DOCKER-USER` rules of nemesis runs whose process is gone.
+pub(crate) fn remove_leftover_rules(dead: impl Fn(&str) -> bool) {
+    let Ok(output) = std::process::Command::new("iptables")
+        .args(["-S", "DOCKER-USER"])
+        .output()
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let owner = words
+            .windows(2)
+            .find(|w| w[0] == "--comment")
+            .map(|w| w[1].trim_matches('"'));
+        if words.first() == Some(&"-A") && owner.is_some_and(&dead) {
+            let mut args = vec!["-D"];
+            args.extend_from_slice(&words[1..]);
+            let _ = std::process::Command::new("iptables").args(&args).output();
+        }
+    }
+}
+
+/// The switch that makes traffic between containers of one bridge network
+/// pass the host's iptables chains (`br_netfilter`).
+pub const BRIDGE_NF_CALL_IPTABLES: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+
+/// Do `DOCKER-USER` rules see traffic between two containers of one bridge
+/// network? Only with `br_netfilter` loaded and its switch (the text of
+/// [`BRIDGE_NF_CALL_IPTABLES`], `None` when absent) on; otherwise the
+/// partition's DROP rules would cut nothing and its cells would pass
+/// vacuously.
+pub fn bridged_traffic_filtered(switch: Option<&str>) -> bool {
+    switch.is_some_and(|text| text.trim() == "1")
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+async fn redis_ready(
+    url: &str,
+    timeout: Duration,
+) -> Result<redis::aio::MultiplexedConnection, ChaosError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(300)))
+            .set_response_timeout(Some(Duration::from_millis(1000)));
+        let attempt = async {
+            let mut c = redis::Client::open(url)?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            let _: String = redis::cmd("PING").query_async(&mut c).await?;
+            Ok::<_, redis::RedisError>(c)
+        }
+        .await;
+        match attempt {
+            Ok(c) => return Ok(c),
+            Err(error) if Instant::now() >= deadline => {
+                return Err(ChaosError::Timeout {
+                    what: format!("{url} to answer PING ({error})"),
+                    after: timeout,
+                })
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// Waits until `url` refuses a new connection: the node's process is gone.
+async fn redis_gone(url: &str, timeout: Duration) -> Result<(), ChaosError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(300)))
+            .set_response_timeout(Some(Duration::from_millis(300)));
+        let answered = async {
+            let mut c = redis::Client::open(url)?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            let _: String = redis::cmd("PING").query_async(&mut c).await?;
+            Ok::<_, redis::RedisError>(())
+        }
+        .await
+        .is_ok();
+        if !answered {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ChaosError::Timeout {
+                what: format!("{url} to stop answering after SIGKILL"),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// One run: starts the topology, runs the clients under the seeded fault
+/// schedule, heals, collects the histories and the resource's log, judges.
+pub async fn run(config: &RunConfig) -> Result<RunReport, ChaosError> {
+    crate::api_shim::ensure()?;
+    let image = ensure_client_image(&config.client_binary).await?;
+    let mut topology = Topology::new()?;
+    let result = run_in(config, &image, &mut topology).await;
+    topology.cleanup();
+    result
+}
+
+async fn run_in(
+    config: &RunConfig,
+    image: &str,
+    topology: &mut Topology,
+) -> Result<RunReport, ChaosError> {
+    if config.fault == FaultClass::Partition
+        && !bridged_traffic_filtered(
+            std::fs::read_to_string(BRIDGE_NF_CALL_IPTABLES)
+                .ok()
+                .as_deref(),
+        )
+    {
+        return Err(ChaosError::Harness(format!(
+            "{BRIDGE_NF_CALL_IPTABLES} is not 1: iptables does not see traffic between \
+             containers of one network, so a partition would cut nothing \
+             (modprobe br_netfilter)"
+        )));
+    }
+    topology.create_network().await?;
+    let redis_image = default_image();
+    let persistence: &[&str] = if config.fault == FaultClass::RestartPersisted {
+        &["--appendonly", "yes", "--appendfsync", "always"]
+    } else {
+        &["--appendonly", "no"]
+    };
+    let resource_ip = topology.ip(2);
+    let resource_name = format!("{}-resource", topology.prefix);
+    topology
+        .run_container(
+            &resource_name,
+            &resource_ip,
+            &[
+                &redis_image,
+                "--protected-mode",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+        )
+        .await?;
+    let mut node_names = Vec::new();
+    let mut node_ips = Vec::new();
+    // Under clock jumps every node's redis-server runs under libfaketime
+    // with an offset file of its own (the supervisor and the clients do
+    // not: the variables reach redis-server only).
+    let mut clocks: Vec<FakeClock> = Vec::new();
+    let offset_file = format!("{FAKETIME_DIR}/{OFFSET_FILE}");
+    for index in 0..config.nodes() {
+        let name = format!("{}-node-{index}", topology.prefix);
+        let ip = topology.ip(10 + index as u8);
+        // The node runs redis-server under the client binary's supervisor,
+        // which kills it with SIGKILL and starts it again on signals from
+        // the nemesis (see `FaultClass::Restart`).
+        let mut faked = Vec::new();
+        if config.fault == FaultClass::ClockJump {
+            let clock = FakeClock::new()?;
+            faked = vec![
+                "-e".to_owned(),
+                format!("SUPERVISE_LD_PRELOAD={LIBFAKETIME}"),
+                "-e".to_owned(),
+                format!("FAKETIME_TIMESTAMP_FILE={offset_file}"),
+                "-e".to_owned(),
+                "FAKETIME_NO_CACHE=1".to_owned(),
+                "-v".to_owned(),
+                format!("{}:{FAKETIME_DIR}", clock.dir().to_string_lossy()),
+            ];
+            clocks.push(clock);
+        }
+        let mut args: Vec<&str> = faked.iter().map(String::as_str).collect();
+        args.extend_from_slice(&[
+            image,
+            "supervise",
+            REDIS_SERVER_PATH,
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+        ]);
+        args.extend_from_slice(persistence);
+        topology.run_container(&name, &ip, &args).await?;
+        node_names.push(name);
+        node_ips.push(ip);
+    }
+    let resource_url = format!("redis://{resource_ip}:{REDIS_PORT}/");
+    let mut resource = redis_ready(&resource_url, Duration::from_secs(20)).await?;
+    for ip in &node_ips {
+        redis_ready(
+            &format!("redis://{ip}:{REDIS_PORT}/"),
+            Duration::from_secs(20),
+        )
+        .await?;
+    }
+    let nodes_arg = node_ips
+        .iter()
+        .map(|ip| format!("redis://{ip}:{REDIS_PORT}/"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let out_mount = format!("{}:/out", topology.out_dir.to_string_lossy());
+    let mut client_names = Vec::new();
+    let mut client_ips = Vec::new();
+    for index in 0..config.clients {
+        let name = format!("{}-client-{index}", topology.prefix);
+        let ip = topology.ip(100 + index as u8);
+        let id = index.to_string();
+        let ttl = config.ttl_ms.to_string();
+        let limit = config.limit.to_string();
+        let duration = config.duration.as_millis().to_string();
+        let out = format!("/out/client-{index}.jsonl");
+        let seed = config.seed.to_string();
+        let protocol = config.protocol.as_str();
+        topology
+            .run_container(
+                &name,
+                &ip,
+                &[
+                    "-v",
+                    &out_mount,
+                    image,
+                    "--id",
+                    &id,
+                    "--protocol",
+                    protocol,
+                    "--nodes",
+                    &nodes_arg,
+                    "--resource",
+                    &resource_url,
+                    "--ttl-ms",
+                    &ttl,
+                    "--limit",
+                    &limit,
+                    "--duration-ms",
+                    &duration,
+                    "--mutation",
+                    config.mutation.as_str(),
+                    "--out",
+                    &out,
+                    "--seed",
+                    &seed,
+                ],
+            )
+            .await?;
+        client_names.push(name);
+        client_ips.push(ip);
+    }
+
+    // --- the nemesis ---------------------------------------------------------
+    let mut rng = Rng::new(config.seed);
+    let ttl = config.ttl_ms;
+    let started = Instant::now();
+    let end = started + config.duration;
+    let mut faults = Vec::new();
+    let mut pauses: Vec<Paused> = Vec::new();
+    let mut seen = 0usize;
+    let mut open_reads: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut last_write: Option<u32> = None;
+    let mut newest_read: Option<u32> = None;
+    // Whether the pause that is due aims inside a section (drawn once per
+    // pause, so that waiting for a target does not consume the seed).
+    let mut aim: Option<bool> = None;
+    let mut next_fault = started + Duration::from_millis(rng.range(ttl / 2, ttl));
+    let key = log_key("nemesis");
+    while Instant::now() + Duration::from_millis(ttl * 2) < end {
+        // Follow the resource's log: who is inside, who just left.
+        let fresh: Vec<String> = redis::cmd("LRANGE")
+            .arg(&key)
+            .arg(seen)
+            .arg(-1)
+            .query_async(&mut resource)
+            .await
+            .unwrap_or_default();
+        seen += fresh.len();
+        let mut read_now = None;
+        for entry in fresh.iter().filter_map(|text| LogEntry::parse(text)) {
+            if entry.op == OpKind::Read {
+                open_reads.insert(entry.client, entry.seq);
+                newest_read = Some(entry.client);
+                read_now = Some(entry.client);
+            } else {
+                open_reads.remove(&entry.client);
+                last_write = Some(entry.client);
+            }
+        }
+        if Instant::now() < next_fault {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        // Partitions, restarts and clock jumps are aimed at a holder that
+        // has just entered its section (its read is in this poll of the
+        // log): the nemesis waits up to a TTL for one, so that the fault
+        // lands with the section still ahead of it.
+        let entered = read_now.filter(|c| open_reads.contains_key(c));
+        let aimed = matches!(
+            config.fault,
+            FaultClass::Partition
+                | FaultClass::Restart
+                | FaultClass::RestartPersisted
+                | FaultClass::ClockJump
+        );
+        if aimed && entered.is_none() && Instant::now() < next_fault + Duration::from_millis(ttl) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        }
+        match config.fault {
+            FaultClass::None => {
+                next_fault = end;
+            }
+            FaultClass::Pause => {
+                // Three pauses in four hit a client inside its section: the
+                // nemesis waits (up to two TTLs) for a read of the resource
+                // and pauses its reader at once, while it has most of its
+                // section ahead. The fourth hits the client that wrote last,
+                // just out of its section.
+                let aim_inside = *aim.get_or_insert_with(|| rng.range(0, 3) != 0);
+                let inside = newest_read.filter(|c| open_reads.contains_key(c));
+                if aim_inside
+                    && inside.is_none()
+                    && Instant::now() < next_fault + Duration::from_millis(ttl * 2)
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                aim = None;
+                let target = if aim_inside {
+                    inside.or(last_write)
+                } else {
+                    last_write.or(inside)
+                }
+                .map(|c| c as usize)
+                .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
+                let hold = rng.range(ttl * 6 / 5, ttl * 2);
+                let from_us = now_us();
+                docker(&["pause", &client_names[target]]).await?;
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+                docker(&["unpause", &client_names[target]]).await?;
+                pauses.push(Paused {
+                    client: target as u32,
+                    from_us,
+                    to_us: now_us(),
+                });
+                faults.push(format!("pause client {target} {hold} ms"));
+                next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 10, ttl / 2));
+            }
+            FaultClass::Partition => {
+                let cut = config.clients / 2 + 1;
+                let mut chosen = rng.choose(config.clients, cut);
+                // The holder that has just entered (else any inside) is
+                // always among the cut: the partition then tests what it
+                // does when its lease runs out while others still reach
+                // the node.
+                let inside = newest_read.filter(|c| open_reads.contains_key(c));
+                if let Some(holder) = entered.or(inside) {
+                    let holder = holder as usize;
+                    if !chosen.contains(&holder) {
+                        chosen[0] = holder;
+                    }
+                }
+                let node_count = if config.nodes() == 1 {
+                    1
+                } else {
+                    rng.range(2, 3) as usize
+                };
+                let hold = rng.range(ttl * 3 / 2, ttl * 3);
+                let mut text = Vec::new();
+                for &client in &chosen {
+                    for node in rng.choose(config.nodes(), node_count) {
+                        for (src, dst) in [
+                            (&client_ips[client], &node_ips[node]),
+                            (&node_ips[node], &client_ips[client]),
+                        ] {
+                            topology
+                                .add_rule(
+                                    [
+                                        "-s",
+                                        src.as_str(),
+                                        "-d",
+                                        dst.as_str(),
+                                        "-m",
+                                        "comment",
+                                        "--comment",
+                                        topology.prefix.as_str(),
+                                        "-j",
+                                        "DROP",
+                                    ]
+                                    .map(str::to_owned)
+                                    .to_vec(),
+                                )
+                                .await?;
+                        }
+                        text.push(format!("c{client}-n{node}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+                topology.remove_rules().await?;
+                faults.push(format!("partition {} {hold} ms", text.join(",")));
+                next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
+            }
+            FaultClass::ClockJump => {
+                let node = rng.range(0, config.nodes() as u64 - 1) as usize;
+                let jump = rng.range(ttl * 6 / 5, ttl * 2);
+                clocks[node].jump_ms(jump as i64)?;
+                faults.push(format!(
+                    "clock of node {node} jumps +{jump} ms (offset {} ms)",
+                    clocks[node].offset_ms()
+                ));
+                next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
+            }
+            FaultClass::Restart | FaultClass::RestartPersisted => {
+                let node = rng.range(0, config.nodes() as u64 - 1) as usize;
+                let down = rng.range(0, 100);
+                let url = format!("redis://{}:{REDIS_PORT}/", node_ips[node]);
+                // SIGUSR1: the supervisor kills redis-server with SIGKILL.
+                docker(&["kill", "--signal", "USR1", &node_names[node]]).await?;
+                redis_gone(&url, Duration::from_secs(5)).await?;
+                tokio::time::sleep(Duration::from_millis(down)).await;
+                // SIGUSR2: the supervisor starts it again.
+                docker(&["kill", "--signal", "USR2", &node_names[node]]).await?;
+                redis_ready(&url, Duration::from_secs(20)).await?;
+                faults.push(format!("kill -9 node {node}, down {down} ms"));
+                next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
+            }
+        }
+    }
+
+    // --- heal, wait, collect -------------------------------------------------
+    topology.remove_rules().await?;
+    let wait_until = end + Duration::from_millis(ttl * 4) + Duration::from_secs(10);
+    for name in &client_names {
+        loop {
+            let running = docker(&["inspect", "--format", "{{.State.Running}}", name]).await?;
+            if running != "true" || Instant::now() > wait_until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for name in &client_names {
+        let _ = docker(&["kill", name]).await;
+        let code = docker(&["inspect", "--format", "{{.State.ExitCode}}", name]).await?;
+        if code != "0" {
+            let logs = docker(&["logs", "--tail", "5", name])
+                .await
+                .unwrap_or_default();
+            return Err(ChaosError::Harness(format!(
+                "client {name} exited with {code}: {logs}"
+            )));
+        }
+    }
+    let texts: Vec<String> = redis::cmd("LRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut resource)
+        .await?;
+    let mut log = Vec::with_capacity(texts.len());
+    for text in &texts {
+        log.push(LogEntry::parse(text).ok_or_else(|| ChaosError::UnexpectedReply(text.clone()))?);
+    }
+    let mut history = Vec::new();
+    for index in 0..config.clients {
+        let path = topology.out_dir.join(format!("client-{index}.jsonl"));
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let record: OpRecord = serde_json::from_str(line)
+                .map_err(|e| ChaosError::UnexpectedReply(format!("{line}: {e}")))?;
+            history.push(record);
+        }
+    }
+    let judgement = judge_with_pauses(&log, &history, config.limit.max(1) as usize, &pauses);
+    Ok(RunReport {
+        config: config.clone(),
+        operations: history.len(),
+        indeterminate: history
+            .iter()
+            .filter(|r| r.outcome == Outcome::Indeterminate)
+            .count(),
+        acquired: history
+            .iter()
+            .filter(|r| r.op == OpKind::Acquire && r.outcome == Outcome::Ok)
+            .count(),
+        faults,
+        judgement,
+        log,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_needs_bridged_traffic_to_pass_iptables() {
+        assert!(bridged_traffic_filtered(Some("1\n")));
+        assert!(!bridged_traffic_filtered(Some("0\n")));
+        // br_netfilter not loaded: the switch does not exist.
+        assert!(!bridged_traffic_filtered(None));
+    }
+}

@@ -1,0 +1,118 @@
+//! The randomized nemesis, short and seeded: client containers running the
+//! real adapter, real container pauses, iptables partitions, node
+//! SIGKILLs and node clock jumps (libfaketime in redis-server); each observed cell compared with the model's matrix, and
+//! each client mutation required to be caught.
+//!
+//! `NEMESIS_SEED` replays another seed. The table is printed and written to
+//! `target/tmp/nemesis.md`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use lockwright_chaos::in_ci;
+use lockwright_chaos::nemesis::campaign::{
+    failures, progress_line, rows, run_mutation, table, Settings,
+};
+use lockwright_chaos::nemesis::run::{
+    bridged_traffic_filtered, run, FaultClass, BRIDGE_NF_CALL_IPTABLES,
+};
+use lockwright_chaos::nemesis::Mutation;
+use lockwright_core::ProtocolId;
+
+/// The cells of the CI run.
+const CELLS: [(ProtocolId, FaultClass); 12] = [
+    (ProtocolId::SetPxLua, FaultClass::None),
+    (ProtocolId::SetPxLua, FaultClass::Pause),
+    (ProtocolId::SetPxLua, FaultClass::Partition),
+    (ProtocolId::SetPxLua, FaultClass::Restart),
+    (ProtocolId::SetPxLua, FaultClass::RestartPersisted),
+    (ProtocolId::SetPxLua, FaultClass::ClockJump),
+    (ProtocolId::Fenced, FaultClass::Pause),
+    (ProtocolId::Fenced, FaultClass::ClockJump),
+    (ProtocolId::Fenced, FaultClass::Partition),
+    (ProtocolId::Reentrant, FaultClass::Partition),
+    (ProtocolId::Redlock, FaultClass::Partition),
+    (ProtocolId::LeaseSemaphore, FaultClass::Partition),
+];
+
+fn iptables_ready() -> bool {
+    let ok = std::process::Command::new("iptables")
+        .args(["-S", "DOCKER-USER"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        && bridged_traffic_filtered(
+            std::fs::read_to_string(BRIDGE_NF_CALL_IPTABLES)
+                .ok()
+                .as_deref(),
+        );
+    if !ok {
+        assert!(
+            !in_ci(),
+            "the nemesis needs iptables, the DOCKER-USER chain (root) and \
+             {BRIDGE_NF_CALL_IPTABLES} = 1 in CI"
+        );
+        eprintln!(
+            "\n*** SKIPPED: iptables, the DOCKER-USER chain or {BRIDGE_NF_CALL_IPTABLES} = 1 is not available ***\n"
+        );
+    }
+    ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
+    if !common::docker_ready() || !iptables_ready() {
+        return;
+    }
+    let seed = std::env::var("NEMESIS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_261_124);
+    eprintln!("nemesis: seed {seed} (replay with NEMESIS_SEED={seed})");
+    let settings = Settings {
+        clients: 5,
+        run_duration: Duration::from_secs(8),
+        ttl_ms: 1000,
+        seed,
+        client_binary: env!("CARGO_BIN_EXE_nemesis-client").into(),
+    };
+    let started = Instant::now();
+    let mut reports = Vec::new();
+    for (index, (protocol, fault)) in CELLS.into_iter().enumerate() {
+        let config = settings.config(protocol, fault, seed + index as u64, Mutation::None);
+        let report = run(&config).await.expect("a nemesis run");
+        eprintln!("{}", progress_line(started.elapsed(), &report));
+        reports.push(report);
+    }
+    let mut mutations = Vec::new();
+    for mutation in Mutation::ALL {
+        let row = run_mutation(&settings, mutation, 3, |report| {
+            eprintln!("{}", progress_line(started.elapsed(), report));
+        })
+        .await
+        .expect("a mutation run");
+        mutations.push(row);
+    }
+    let rows = rows(&reports);
+    let text = table(&rows, &mutations);
+    eprintln!("\n{text}");
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("nemesis.md");
+    std::fs::write(&path, format!("seed {seed}\n\n{text}")).expect("write the table");
+    // Every run did something: a run without acquires shows nothing.
+    for report in &reports {
+        assert!(
+            report.acquired > 0 && report.judgement.complete_sections > 0,
+            "({}, {}) seed {}: no complete critical section",
+            report.config.protocol.as_str(),
+            report.config.fault.as_str(),
+            report.config.seed
+        );
+    }
+    let failed = failures(&reports, &rows, &mutations);
+    assert!(
+        failed.is_empty(),
+        "nemesis failures:\n{}",
+        failed.join("\n")
+    );
+    eprintln!("nemesis: {:.0} s", started.elapsed().as_secs_f64());
+}
