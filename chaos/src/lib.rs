@@ -93,11 +93,13 @@
 //! pause`), `partition` (iptables black holes between chosen client and
 //! node containers), `restart` and `restart-persisted` (SIGKILL of a
 //! node's `redis-server`, started again by the node container's
-//! supervisor) and `clock-jump` (libfaketime in the node's `redis-server`,
-//! its offset moved forward at run time); `docs/nemesis.md` has the whole
+//! supervisor), `clock-jump` (libfaketime in the node's `redis-server`,
+//! its offset moved forward at run time) and `failover` (a replica and
+//! three Redis Sentinels; the replication link cut, the master killed, the
+//! replica promoted by the Sentinels); `docs/nemesis.md` has the whole
 //! table and the model column each is compared with.
 //!
-//! Not done yet, and not claimed: Sentinel failover, client clock skew
+//! Not done yet, and not claimed: client clock skew
 //! and node clocks that step back, the delaying relay, the progress
 //! property, a crash of a client container. Client clocks are the host's
 //! (no libfaketime in client containers).
@@ -106,15 +108,17 @@
 //! must be caught: working 20 % of the TTL past `valid_until()`
 //! (`set-px-lua`, no fault), releasing with a plain `DEL` (`set-px-lua`,
 //! pauses, judged as owner-only), not passing the fence to the resource
+//! (holding the lock without renewal)
 //! (`fenced`, pauses), ignoring `lost()` (`reentrant`, partitions). Each
 //! cell's model verdict is read from `model/expectations.txt`: a violation
 //! in a holds cell fails the test with its seed and log excerpt; a violated
 //! cell not found is reported as `not found`.
 //!
-//! Every container, network, rule and directory carries the prefix
-//! `lockwright-chaos-<pid>-nemesis-<n>` and is removed at the end of its
-//! run, also on an error or a panic; [`check_environment`] removes those
-//! of processes that are gone.
+//! Every container, network and rule carries the prefix
+//! `lockwright-chaos-<pid>-nemesis-<n>` (directories: that prefix, or
+//! `lockwright-faketime-<pid>-` for the fake clocks) and is removed at the
+//! end of its run, also on an error or a panic; [`check_environment`]
+//! removes those of processes that are gone.
 //!
 //! ```text
 //! cargo run -p lockwright-chaos --release --bin nemesis -- --minutes 10 --clients 5 --seed 1

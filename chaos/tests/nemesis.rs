@@ -1,6 +1,7 @@
 //! The randomized nemesis, short and seeded: client containers running the
 //! real adapter, real container pauses, iptables partitions, node
-//! SIGKILLs and node clock jumps (libfaketime in redis-server); each observed cell compared with the model's matrix, and
+//! SIGKILLs, node clock jumps (libfaketime in redis-server) and a Redis
+//! Sentinel failover; each observed cell compared with the model's matrix, and
 //! each client mutation required to be caught.
 //!
 //! `NEMESIS_SEED` replays another seed. The table is printed and written to
@@ -21,13 +22,14 @@ use lockwright_chaos::nemesis::Mutation;
 use lockwright_core::ProtocolId;
 
 /// The cells of the CI run.
-const CELLS: [(ProtocolId, FaultClass); 12] = [
+const CELLS: [(ProtocolId, FaultClass); 13] = [
     (ProtocolId::SetPxLua, FaultClass::None),
     (ProtocolId::SetPxLua, FaultClass::Pause),
     (ProtocolId::SetPxLua, FaultClass::Partition),
     (ProtocolId::SetPxLua, FaultClass::Restart),
     (ProtocolId::SetPxLua, FaultClass::RestartPersisted),
     (ProtocolId::SetPxLua, FaultClass::ClockJump),
+    (ProtocolId::SetPxLua, FaultClass::Failover),
     (ProtocolId::Fenced, FaultClass::Pause),
     (ProtocolId::Fenced, FaultClass::ClockJump),
     (ProtocolId::Fenced, FaultClass::Partition),

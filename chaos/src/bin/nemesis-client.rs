@@ -15,10 +15,12 @@ use clap::Parser;
 use lockwright_chaos::nemesis::record::{
     high_key, log_key, OpKind, OpRecord, Outcome, RESOURCE_SCRIPT,
 };
+use lockwright_chaos::nemesis::run::{LOCK_NAME, SENTINEL_GROUP};
 use lockwright_chaos::nemesis::{Mutation, Rng, UnknownName};
+use lockwright_core::catalogue::Kind;
 use lockwright_redis::redis::aio::MultiplexedConnection;
 use lockwright_redis::redis::{self, AsyncConnectionConfig};
-use lockwright_redis::{Error, Lock, LockGuard, LockOptions, ProtocolId, Semaphore};
+use lockwright_redis::{Error, Lock, LockGuard, LockOptions, Nodes, ProtocolId, Semaphore};
 
 /// A nemesis client.
 #[derive(Debug, Parser)]
@@ -36,7 +38,7 @@ struct Args {
     #[arg(long)]
     resource: String,
     /// The lock's name.
-    #[arg(long, default_value = "nemesis")]
+    #[arg(long, default_value = LOCK_NAME)]
     lock: String,
     /// The lease's TTL in milliseconds.
     #[arg(long, default_value_t = 1000)]
@@ -56,6 +58,11 @@ struct Args {
     /// Seed of this client's choices.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Sentinel URLs, comma-separated: when given, the master is the one
+    /// they name for the group `nemesis` (the first `--nodes` URL is only
+    /// the template of the master's connection settings).
+    #[arg(long, default_value = "")]
+    sentinels: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +71,8 @@ enum ClientError {
     Name(#[from] UnknownName),
     #[error("unknown protocol {0}")]
     Protocol(String),
+    #[error("usage: {0}")]
+    Usage(&'static str),
     #[error("adapter: {0}")]
     Adapter(#[from] Error),
     #[error("redis: {0}")]
@@ -231,25 +240,40 @@ async fn run(args: Args) -> Result<(), ClientError> {
     options.retry_base = Duration::from_millis(5);
     options.retry_max = Duration::from_millis(40);
     options.limit = args.limit;
+    // The no-fence client holds its lock without renewal, so that its
+    // section is the read and the uninterruptible modify step alone: a
+    // pause aimed at its read then lands where only the fence can refuse
+    // its late write (with renewal, the pause lands in the work, and
+    // `lost()` ends the section before it writes).
+    if mutation == Mutation::NoFence {
+        options.auto_renew = false;
+    }
     let clients = args
         .nodes
         .iter()
         .map(|url| redis::Client::open(url.as_str()))
         .collect::<Result<Vec<_>, _>>()?;
-    let semaphore = matches!(
-        protocol,
-        ProtocolId::LeaseSemaphore
-            | ProtocolId::ZsetSemaphore
-            | ProtocolId::FairSemaphore
-            | ProtocolId::FairSemaphoreLocked
-            | ProtocolId::WatchSemaphore
-    );
+    let semaphore = protocol.kind() == Kind::Semaphore;
+    let sentinels = args
+        .sentinels
+        .split(',')
+        .filter(|url| !url.is_empty())
+        .map(redis::Client::open)
+        .collect::<Result<Vec<_>, _>>()?;
+    let nodes = if sentinels.is_empty() {
+        Nodes::with_connect_timeout(clients, options.request_timeout)
+    } else {
+        let template = clients.into_iter().next().ok_or(ClientError::Usage(
+            "--sentinels needs a --nodes URL as the template",
+        ))?;
+        Nodes::sentinel(sentinels, SENTINEL_GROUP, template, options.request_timeout)?
+    };
     let handle = if semaphore {
-        Handle::Semaphore(Semaphore::new(clients, &args.lock, options.clone())?)
+        Handle::Semaphore(Semaphore::on(&nodes, &args.lock, options.clone())?)
     } else {
         let mut options = options.clone();
         options.limit = 1;
-        Handle::Lock(Lock::new(clients, &args.lock, options)?)
+        Handle::Lock(Lock::on(&nodes, &args.lock, options)?)
     };
     let file = std::fs::OpenOptions::new()
         .create(true)

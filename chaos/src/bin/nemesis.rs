@@ -47,14 +47,14 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "set-px-lua,fenced,redlock,lease-semaphore,reentrant"
+        default_value = "set-px-lua,fenced,time-fenced,redlock,lease-semaphore,time-fenced-semaphore,reentrant"
     )]
     protocols: Vec<String>,
     /// Fault classes, comma-separated.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,pause,partition,restart,restart-persisted"
+        default_value = "none,pause,partition,restart,restart-persisted,clock-jump,failover"
     )]
     faults: Vec<String>,
     /// Mutations to try, comma-separated.
@@ -84,6 +84,8 @@ enum Error {
     Binary(String),
     #[error("Docker or the image is missing")]
     Unavailable,
+    #[error("no fault class given applies to any protocol given (failover needs a single master)")]
+    NothingToRun,
     #[error("interrupted; the current run's containers, network and rules were removed")]
     Interrupted,
 }
@@ -132,9 +134,26 @@ async fn campaign(args: Args) -> Result<bool, Error> {
     let budget = Duration::from_secs_f64(args.minutes.max(0.0) * 60.0);
     let mut reports = Vec::new();
     let mut next_seed = seed;
+    if !protocols
+        .iter()
+        .any(|&p| faults.iter().any(|f| f.applies_to(p)))
+    {
+        return Err(Error::NothingToRun);
+    }
+    let mut first_round = true;
     'rounds: loop {
         for &protocol in &protocols {
             for &fault in &faults {
+                if !fault.applies_to(protocol) {
+                    if first_round {
+                        println!(
+                            "skipped: {} x {} (a Sentinel group watches one master)",
+                            protocol.as_str(),
+                            fault.as_str()
+                        );
+                    }
+                    continue;
+                }
                 let config = settings.config(protocol, fault, next_seed, Mutation::None);
                 next_seed = next_seed.wrapping_add(1);
                 let report = run(&config).await?;
@@ -142,6 +161,7 @@ async fn campaign(args: Args) -> Result<bool, Error> {
                 reports.push(report);
             }
         }
+        first_round = false;
         if started.elapsed() >= budget {
             break 'rounds;
         }

@@ -36,7 +36,12 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The configuration of one run.
+    /// The configuration of one run. A failover run lasts at least 30 s
+    /// with a TTL of at least 8 s: the Sentinels take one to two seconds
+    /// to promote the replica, a holder that entered before the master
+    /// died must still be inside its section (a fifth to two fifths of the
+    /// TTL) when a contender gets in on the new master, and the kill waits
+    /// a TTL after the replication cut.
     pub fn config(
         &self,
         protocol: ProtocolId,
@@ -44,12 +49,21 @@ impl Settings {
         seed: u64,
         mutation: Mutation,
     ) -> RunConfig {
+        let failover = fault == FaultClass::Failover;
         RunConfig {
             protocol,
             fault,
             clients: self.clients,
-            duration: self.run_duration,
-            ttl_ms: self.ttl_ms,
+            duration: if failover {
+                self.run_duration.max(Duration::from_secs(30))
+            } else {
+                self.run_duration
+            },
+            ttl_ms: if failover {
+                self.ttl_ms.max(8000)
+            } else {
+                self.ttl_ms
+            },
             limit: if protocol == ProtocolId::LeaseSemaphore {
                 2
             } else {
@@ -316,14 +330,14 @@ pub fn failures(reports: &[RunReport], rows: &[Row], mutations: &[MutationRow]) 
     out
 }
 
-/// One progress line for a finished run.
+/// The progress line of a finished run, followed by one line per fault.
 pub fn progress_line(elapsed: Duration, report: &RunReport) -> String {
     let config = &report.config;
     let mut found: Vec<&str> = report.judgement.findings.iter().map(|f| f.check).collect();
     found.sort_unstable();
     found.dedup();
     format!(
-        "[{:>5.0}s] {} x {} seed {}{}: {} ops ({} acquired, {} indeterminate), {} faults, findings: {}",
+        "[{:>5.0}s] {} x {} seed {}{}: {} ops ({} acquired, {} indeterminate), {} faults, findings: {}{}",
         elapsed.as_secs_f64(),
         config.protocol.as_str(),
         config.fault.as_str(),
@@ -341,6 +355,11 @@ pub fn progress_line(elapsed: Duration, report: &RunReport) -> String {
             "none".to_owned()
         } else {
             found.join(", ")
-        }
+        },
+        report
+            .faults
+            .iter()
+            .map(|fault| format!("\n          - {fault}"))
+            .collect::<String>()
     )
 }

@@ -11,7 +11,9 @@
 //! loop iteration; both are in the log when they reached the resource,
 //! whether accepted or refused. The checks:
 //!
-//! - **mutual exclusion**: when a client's read is logged while more than
+//! - **mutual exclusion**: when a client's read (one its client saw
+//!   answered: a read that timed out may have run after its client gave up)
+//!   is logged while more than
 //!   `limit - 1` other clients' sections are open, that is, their read is
 //!   logged before it and their write after it, more than `limit` clients
 //!   were inside at the instant the resource ran that read. A section whose
@@ -89,7 +91,7 @@ const PAUSE_SLACK_US: u64 = 100_000;
 /// Judges a run: `log` in the resource's order, `history` the clients'
 /// records (any order), `limit` the permits allowed at once (1 for a lock).
 pub fn judge(log: &[LogEntry], history: &[OpRecord], limit: usize) -> Judgement {
-    judge_with_pauses(log, history, limit, &[])
+    judge_with_pauses(log, history, limit, &[], u64::MAX)
 }
 
 /// [`judge`], and also `unpaused-overlap`: a mutual-exclusion overlap in
@@ -99,11 +101,19 @@ pub fn judge(log: &[LogEntry], history: &[OpRecord], limit: usize) -> Judgement 
 /// paused holder explains an overlap (the pause cells of the matrix); two
 /// unpaused sections overlapping in a run whose only fault is pauses mean
 /// that a hold was ended by someone other than its owner or its TTL.
+///
+/// `lease_us` (the TTL) makes that certain: an unpaused section counts only
+/// when the entering client's acquire completed before the section's
+/// holder's acquire was invoked plus the TTL, so that the holder's key
+/// had certainly not expired on its own (a holder that writes late, past
+/// its lease, is no evidence against the owner check). Sections without
+/// an acquire record then do not count. `u64::MAX` drops the condition.
 pub fn judge_with_pauses(
     log: &[LogEntry],
     history: &[OpRecord],
     limit: usize,
     paused: &[Paused],
+    lease_us: u64,
 ) -> Judgement {
     let mut judgement = Judgement::default();
     let mut sections: HashMap<(u32, u64), Section> = HashMap::new();
@@ -145,10 +155,23 @@ pub fn judge_with_pauses(
         .filter(|r| r.op == OpKind::Acquire && r.outcome == Outcome::Ok)
         .map(|r| ((r.client, r.seq), r.invoke_us))
         .collect();
+    let granted_at: HashMap<(u32, u64), u64> = history
+        .iter()
+        .filter(|r| r.op == OpKind::Acquire && r.outcome == Outcome::Ok)
+        .map(|r| ((r.client, r.seq), r.complete_us))
+        .collect();
+
+    // A read its client did not see answered (a timeout: it may have run
+    // late, after the client gave up and released) is no certain entry.
+    let unanswered: std::collections::HashSet<(u32, u64)> = history
+        .iter()
+        .filter(|r| r.op == OpKind::Read && r.outcome == Outcome::Indeterminate)
+        .map(|r| (r.client, r.seq))
+        .collect();
 
     // Mutual exclusion: at each read, who else is certainly inside?
     for (index, entry) in log.iter().enumerate() {
-        if entry.op != OpKind::Read {
+        if entry.op != OpKind::Read || unanswered.contains(&(entry.client, entry.seq)) {
             continue;
         }
         let inside: Vec<&((u32, u64), usize, usize)> = complete
@@ -172,9 +195,21 @@ pub fn judge_with_pauses(
                 .get(&(entry.client, entry.seq))
                 .and_then(|s| s.write)
                 .unwrap_or(index);
+            // The entering client was granted at or before its read.
+            let granted = granted_at
+                .get(&(entry.client, entry.seq))
+                .map_or(entry.at_us, |&at| at.min(entry.at_us));
+            let lease_stood = |client: u32, seq: u64| {
+                lease_us == u64::MAX
+                    || acquired_at
+                        .get(&(client, seq))
+                        .is_some_and(|&at| granted < at.saturating_add(lease_us))
+            };
             let unpaused = inside
                 .iter()
-                .filter(|((client, _), r, w)| !was_paused(*client, *r, *w))
+                .filter(|((client, seq), r, w)| {
+                    !was_paused(*client, *r, *w) && lease_stood(*client, *seq)
+                })
                 .count();
             if !was_paused(entry.client, index, own) && unpaused + 1 > limit {
                 judgement.findings.push(Finding {
@@ -352,14 +387,14 @@ mod tests {
             "1|1|write||ok",
             "2|1|write||ok",
         ]);
-        let none = judge_with_pauses(&log, &[], 1, &[]);
+        let none = judge_with_pauses(&log, &[], 1, &[], u64::MAX);
         assert!(none.violated("unpaused-overlap"));
         let pause = Paused {
             client: 1,
             from_us: 1,
             to_us: 2,
         };
-        let judged = judge_with_pauses(&log, &[], 1, &[pause]);
+        let judged = judge_with_pauses(&log, &[], 1, &[pause], u64::MAX);
         assert!(judged.violated("mutual-exclusion"));
         assert!(!judged.violated("unpaused-overlap"));
     }
@@ -395,6 +430,42 @@ mod tests {
             fence: None,
             detail: String::new(),
         }
+    }
+
+    #[test]
+    fn an_overlap_after_the_holders_lease_ran_out_is_no_owner_violation() {
+        // Client 1 acquired at 0 and wrote late, after client 2 got in;
+        // client 2 acquired at 2 µs, read at 3 µs.
+        let log = log(&["1|1|read||ok", "2|1|read||ok", "1|1|write||ok"]);
+        let mut history = vec![
+            record(1, 1, OpKind::Acquire, Outcome::Ok),
+            record(2, 1, OpKind::Acquire, Outcome::Ok),
+        ];
+        history[0].invoke_us = 0;
+        history[1].complete_us = 2;
+        // A lease of 1 µs had run out when client 2 was granted: client 1's
+        // key may have expired on its own, nothing says anyone removed it.
+        let late = judge_with_pauses(&log, &history, 1, &[], 1);
+        assert!(late.violated("mutual-exclusion"));
+        assert!(!late.violated("unpaused-overlap"));
+        // With a lease of 1 s it certainly stood: someone removed it.
+        let removed = judge_with_pauses(&log, &history, 1, &[], 1_000_000);
+        assert!(removed.violated("unpaused-overlap"));
+        // Without the holder's acquire record, nothing is certain.
+        let unknown = judge_with_pauses(&log, &history[1..], 1, &[], 1_000_000);
+        assert!(!unknown.violated("unpaused-overlap"));
+    }
+
+    #[test]
+    fn a_read_that_timed_out_is_no_certain_entry() {
+        // Client 2's read ran inside client 1's section, but client 2 saw
+        // it time out: it may have run after client 2 gave up.
+        let log = log(&["1|1|read||ok", "2|1|read||ok", "1|1|write||ok"]);
+        assert!(judge(&log, &[], 1).violated("mutual-exclusion"));
+        let timed_out = [record(2, 1, OpKind::Read, Outcome::Indeterminate)];
+        assert!(!judge(&log, &timed_out, 1).violated("mutual-exclusion"));
+        let answered = [record(2, 1, OpKind::Read, Outcome::Ok)];
+        assert!(judge(&log, &answered, 1).violated("mutual-exclusion"));
     }
 
     #[test]
@@ -434,11 +505,11 @@ mod tests {
             from_us: 1,
             to_us: 2,
         };
-        let judged = judge_with_pauses(&log, &[acquire.clone()], 1, &[pause]);
+        let judged = judge_with_pauses(&log, &[acquire.clone()], 1, &[pause], u64::MAX);
         assert!(judged.violated("mutual-exclusion"));
         assert!(!judged.violated("unpaused-overlap"));
         // Without the pause both sections are unpaused.
-        assert!(judge_with_pauses(&log, &[acquire], 1, &[]).violated("unpaused-overlap"));
+        assert!(judge_with_pauses(&log, &[acquire], 1, &[], u64::MAX).violated("unpaused-overlap"));
     }
 
     #[test]

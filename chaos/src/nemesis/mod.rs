@@ -21,7 +21,9 @@ pub enum Mutation {
     Overstate,
     /// Releases with a plain `DEL` of the lock key (no owner check).
     PlainDel,
-    /// Does not pass its fence to the resource.
+    /// Does not pass its fence to the resource (and holds the lock without
+    /// renewal, so that a pause aimed at its read lands in the step only
+    /// the fence can protect).
     NoFence,
     /// Ignores `lost()` and validity: keeps working after renewal failed.
     IgnoreLost,

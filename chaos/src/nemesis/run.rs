@@ -14,9 +14,11 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use lockwright_core::catalogue::Kind;
 use lockwright_core::ProtocolId;
 use lockwright_model::matrix::{expected, parse_expectations, Verdict, EXPECTATIONS};
 use lockwright_model::{Fault, PropertyId};
+use lockwright_redis::{Lock, LockOptions};
 use redis::AsyncConnectionConfig;
 
 use super::checker::{judge_with_pauses, Judgement, Paused};
@@ -62,17 +64,27 @@ pub enum FaultClass {
     /// real process reads a clock that has moved on and expires the keys
     /// early. The jumps add up; the clock never goes back.
     ClockJump,
+    /// A real Redis Sentinel failover: the node has a replica and three
+    /// Sentinels (quorum 2) and the clients find the master through the
+    /// Sentinels. The nemesis cuts the replication link (iptables DROP
+    /// between master and replica), waits a TTL (so that every lease the
+    /// replica received has run out), then, as a client enters its section
+    /// on a grant made since (never replicated), kills the master's
+    /// `redis-server` with SIGKILL; the Sentinels promote the replica.
+    /// Once per run; single-master protocols only.
+    Failover,
 }
 
 impl FaultClass {
     /// Every class.
-    pub const ALL: [FaultClass; 6] = [
+    pub const ALL: [FaultClass; 7] = [
         FaultClass::None,
         FaultClass::Pause,
         FaultClass::Partition,
         FaultClass::Restart,
         FaultClass::RestartPersisted,
         FaultClass::ClockJump,
+        FaultClass::Failover,
     ];
 
     /// The name in tables and on the command line.
@@ -84,7 +96,14 @@ impl FaultClass {
             FaultClass::Restart => "restart",
             FaultClass::RestartPersisted => "restart-persisted",
             FaultClass::ClockJump => "clock-jump",
+            FaultClass::Failover => "failover",
         }
+    }
+
+    /// Can a run of `protocol` have this fault? A failover needs a single
+    /// master (a Sentinel group watches one), so not RedLock.
+    pub fn applies_to(self, protocol: ProtocolId) -> bool {
+        self != FaultClass::Failover || protocol != ProtocolId::Redlock
     }
 
     /// The model's column this class is compared with. The model's
@@ -100,6 +119,7 @@ impl FaultClass {
             FaultClass::Restart => Fault::Restart,
             FaultClass::RestartPersisted => Fault::RestartPersisted,
             FaultClass::ClockJump => Fault::ClockJump,
+            FaultClass::Failover => Fault::Failover,
         }
     }
 }
@@ -152,14 +172,7 @@ impl RunConfig {
 
     /// Is the protocol a semaphore?
     pub fn is_semaphore(&self) -> bool {
-        matches!(
-            self.protocol,
-            ProtocolId::LeaseSemaphore
-                | ProtocolId::ZsetSemaphore
-                | ProtocolId::FairSemaphore
-                | ProtocolId::FairSemaphoreLocked
-                | ProtocolId::WatchSemaphore
-        )
+        self.protocol.kind() == Kind::Semaphore
     }
 }
 
@@ -421,12 +434,18 @@ impl Topology {
     }
 
     async fn remove_rules(&mut self) -> Result<(), ChaosError> {
+        // Every rule is tried; the ones that could not be deleted stay
+        // tracked (for `cleanup`) and the first error is returned.
+        let mut first_error = None;
         for spec in std::mem::take(&mut self.rules) {
             let mut delete = vec!["-D".to_owned(), "DOCKER-USER".to_owned()];
-            delete.extend(spec);
-            iptables(&delete).await?;
+            delete.extend(spec.iter().cloned());
+            if let Err(e) = iptables(&delete).await {
+                self.rules.push(spec);
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Removes everything the run created (idempotent; also run on drop).
@@ -572,6 +591,218 @@ async fn redis_gone(url: &str, timeout: Duration) -> Result<(), ChaosError> {
     }
 }
 
+/// An iptables rule (for `DOCKER-USER`) that drops every packet from `src`
+/// to `dst`, tagged with the run's prefix.
+fn drop_rule(src: &str, dst: &str, prefix: &str) -> Vec<String> {
+    [
+        "-s",
+        src,
+        "-d",
+        dst,
+        "-m",
+        "comment",
+        "--comment",
+        prefix,
+        "-j",
+        "DROP",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The name of the lock (or semaphore) the clients contend for.
+pub const LOCK_NAME: &str = "nemesis";
+
+/// The name of the master group the Sentinels watch.
+pub const SENTINEL_GROUP: &str = "nemesis";
+
+/// A failover run's replica and Sentinels.
+struct SentinelGroup {
+    replica_ip: String,
+    /// `redis://ip:26379/` of each Sentinel.
+    urls: Vec<String>,
+}
+
+impl SentinelGroup {
+    /// Waits until every Sentinel names the replica as the master and the
+    /// replica says it is one.
+    async fn await_promotion(&self, timeout: Duration) -> Result<(), ChaosError> {
+        let deadline = Instant::now() + timeout;
+        let replica_url = format!("redis://{}:{REDIS_PORT}/", self.replica_ip);
+        loop {
+            let mut named = 0;
+            for url in &self.urls {
+                let addr: Option<(String, u16)> = query_once(url, {
+                    let mut cmd = redis::cmd("SENTINEL");
+                    cmd.arg("get-master-addr-by-name").arg(SENTINEL_GROUP);
+                    cmd
+                })
+                .await
+                .ok()
+                .flatten();
+                if addr.is_some_and(|(ip, _)| ip == self.replica_ip) {
+                    named += 1;
+                }
+            }
+            let role: Option<Vec<redis::Value>> =
+                query_once(&replica_url, redis::cmd("ROLE")).await.ok();
+            let is_master = matches!(
+                role.as_deref().and_then(|r| r.first()),
+                Some(redis::Value::BulkString(b)) if b == b"master"
+            );
+            if named == self.urls.len() && is_master {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ChaosError::Timeout {
+                    what: format!(
+                        "the Sentinels to promote the replica ({named} of {} name it)",
+                        self.urls.len()
+                    ),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// One command on a fresh connection, with short timeouts.
+async fn query_once<T: redis::FromRedisValue>(
+    url: &str,
+    cmd: redis::Cmd,
+) -> Result<T, redis::RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_millis(300)))
+        .set_response_timeout(Some(Duration::from_millis(300)));
+    let mut c = redis::Client::open(url)?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    cmd.query_async(&mut c).await
+}
+
+/// Starts the replica of the master at `master_ip` and three Sentinels
+/// (quorum 2, `down-after-milliseconds` 250) and waits until the replica
+/// is in sync and every Sentinel knows it and the two other Sentinels.
+async fn start_sentinel_group(
+    topology: &mut Topology,
+    image: &str,
+    redis_image: &str,
+    master_ip: &str,
+) -> Result<SentinelGroup, ChaosError> {
+    let replica_ip = topology.ip(20);
+    let port = REDIS_PORT.to_string();
+    topology
+        .run_container(
+            &format!("{}-replica", topology.prefix),
+            &replica_ip,
+            &[
+                image,
+                "supervise",
+                REDIS_SERVER_PATH,
+                "--protected-mode",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--replicaof",
+                master_ip,
+                &port,
+            ],
+        )
+        .await?;
+    let mut urls = Vec::new();
+    for index in 0..3u8 {
+        let dir = topology.out_dir.join(format!("sentinel-{index}"));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(
+            dir.join("sentinel.conf"),
+            format!(
+                "port {SENTINEL_PORT}\n\
+                 sentinel monitor {SENTINEL_GROUP} {master_ip} {REDIS_PORT} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_GROUP} 250\n\
+                 sentinel failover-timeout {SENTINEL_GROUP} 2000\n"
+            ),
+        )?;
+        let ip = topology.ip(30 + index);
+        let mount = format!("{}:/sentinel", dir.to_string_lossy());
+        topology
+            .run_container(
+                &format!("{}-sentinel-{index}", topology.prefix),
+                &ip,
+                &[
+                    "-v",
+                    &mount,
+                    redis_image,
+                    "/sentinel/sentinel.conf",
+                    "--sentinel",
+                ],
+            )
+            .await?;
+        urls.push(format!("redis://{ip}:{SENTINEL_PORT}/"));
+    }
+    redis_ready(
+        &format!("redis://{replica_ip}:{REDIS_PORT}/"),
+        Duration::from_secs(20),
+    )
+    .await?;
+    let timeout = Duration::from_secs(30);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let info: String = query_once(&format!("redis://{replica_ip}:{REDIS_PORT}/"), {
+            let mut cmd = redis::cmd("INFO");
+            cmd.arg("replication");
+            cmd
+        })
+        .await
+        .unwrap_or_default();
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(ChaosError::Timeout {
+                what: "the replica to be in sync with the master".to_owned(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for url in &urls {
+        loop {
+            let master: Vec<String> = query_once(url, {
+                let mut cmd = redis::cmd("SENTINEL");
+                cmd.arg("master").arg(SENTINEL_GROUP);
+                cmd
+            })
+            .await
+            .unwrap_or_default();
+            let field = |name: &str| {
+                master
+                    .chunks(2)
+                    .find(|pair| pair[0] == name)
+                    .and_then(|pair| pair.get(1))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            if field("num-slaves") == "1" && field("num-other-sentinels") == "2" {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(ChaosError::Timeout {
+                    what: format!("{url} to know the replica and two other Sentinels"),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(SentinelGroup { replica_ip, urls })
+}
+
+/// The port the Sentinels listen on.
+const SENTINEL_PORT: u16 = 26379;
+
 /// One run: starts the topology, runs the clients under the seeded fault
 /// schedule, heals, collects the histories and the resource's log, judges.
 pub async fn run(config: &RunConfig) -> Result<RunReport, ChaosError> {
@@ -579,6 +810,44 @@ pub async fn run(config: &RunConfig) -> Result<RunReport, ChaosError> {
     let image = ensure_client_image(&config.client_binary).await?;
     let mut topology = Topology::new()?;
     let result = run_in(config, &image, &mut topology).await;
+    if let Some(keep) = std::env::var_os("NEMESIS_KEEP") {
+        // For study: NEMESIS_KEEP=DIR copies the clients' histories and
+        // every container's log to DIR/<protocol>-<fault>-<seed>/ before
+        // the run's files and containers go.
+        let dir = Path::new(&keep).join(format!(
+            "{}-{}-{}",
+            config.protocol.as_str(),
+            config.fault.as_str(),
+            config.seed
+        ));
+        if std::fs::create_dir_all(&dir).is_ok() {
+            for entry in std::fs::read_dir(&topology.out_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if entry.path().extension().is_some_and(|e| e == "jsonl") {
+                    let _ = std::fs::copy(entry.path(), dir.join(entry.file_name()));
+                }
+            }
+            for name in &topology.containers {
+                if let Ok(output) = std::process::Command::new("docker")
+                    .args(["logs", "--timestamps", name])
+                    .output()
+                {
+                    let mut text = output.stdout;
+                    text.extend_from_slice(&output.stderr);
+                    let short = name.trim_start_matches(&topology.prefix);
+                    let _ =
+                        std::fs::write(dir.join(format!("{}.log", short.trim_matches('-'))), text);
+                }
+            }
+            eprintln!(
+                "nemesis: histories and container logs kept in {}",
+                dir.display()
+            );
+        }
+    }
     topology.cleanup();
     result
 }
@@ -588,7 +857,7 @@ async fn run_in(
     image: &str,
     topology: &mut Topology,
 ) -> Result<RunReport, ChaosError> {
-    if config.fault == FaultClass::Partition
+    if matches!(config.fault, FaultClass::Partition | FaultClass::Failover)
         && !bridged_traffic_filtered(
             std::fs::read_to_string(BRIDGE_NF_CALL_IPTABLES)
                 .ok()
@@ -662,12 +931,37 @@ async fn run_in(
             "no",
             "--save",
             "",
+            "--repl-diskless-sync-delay",
+            "0",
         ]);
         args.extend_from_slice(persistence);
         topology.run_container(&name, &ip, &args).await?;
         node_names.push(name);
         node_ips.push(ip);
     }
+    // The lock's key, for the check that a failover's aimed grant never
+    // reached the replica (locks only; a semaphore keeps several keys).
+    let lock_key = if config.fault == FaultClass::Failover && !config.is_semaphore() {
+        let template = redis::Client::open(format!("redis://{}:{REDIS_PORT}/", node_ips[0]))?;
+        let options =
+            LockOptions::new(config.protocol, Duration::from_millis(config.ttl_ms.max(1)));
+        Lock::new([template], LOCK_NAME, options)
+            .map(|lock| lock.key())
+            .ok()
+    } else {
+        None
+    };
+    let sentinels = if config.fault == FaultClass::Failover {
+        if config.nodes() != 1 {
+            return Err(ChaosError::Harness(format!(
+                "failover runs need a single-master protocol, not {}",
+                config.protocol.as_str()
+            )));
+        }
+        Some(start_sentinel_group(topology, image, &redis_image, &node_ips[0]).await?)
+    } else {
+        None
+    };
     let resource_url = format!("redis://{resource_ip}:{REDIS_PORT}/");
     let mut resource = redis_ready(&resource_url, Duration::from_secs(20)).await?;
     for ip in &node_ips {
@@ -683,6 +977,11 @@ async fn run_in(
         .collect::<Vec<_>>()
         .join(",");
     let out_mount = format!("{}:/out", topology.out_dir.to_string_lossy());
+    // Empty unless the clients find the master through Sentinels.
+    let sentinels_arg = sentinels
+        .as_ref()
+        .map(|group| group.urls.join(","))
+        .unwrap_or_default();
     let mut client_names = Vec::new();
     let mut client_ips = Vec::new();
     for index in 0..config.clients {
@@ -723,6 +1022,8 @@ async fn run_in(
                     &out,
                     "--seed",
                     &seed,
+                    "--sentinels",
+                    &sentinels_arg,
                 ],
             )
             .await?;
@@ -741,12 +1042,28 @@ async fn run_in(
     let mut open_reads: BTreeMap<u32, u64> = BTreeMap::new();
     let mut last_write: Option<u32> = None;
     let mut newest_read: Option<u32> = None;
+    // When the replication link was cut (failover runs).
+    let mut cut_at_us: Option<u64> = None;
     // Whether the pause that is due aims inside a section (drawn once per
     // pause, so that waiting for a target does not consume the seed).
     let mut aim: Option<bool> = None;
-    let mut next_fault = started + Duration::from_millis(rng.range(ttl / 2, ttl));
-    let key = log_key("nemesis");
-    while Instant::now() + Duration::from_millis(ttl * 2) < end {
+    // A failover's first step (the replication cut) comes after a second:
+    // its kill waits for a grant made after the cut.
+    let mut next_fault = started
+        + Duration::from_millis(if config.fault == FaultClass::Failover {
+            1000
+        } else {
+            rng.range(ttl / 2, ttl)
+        });
+    let key = log_key(LOCK_NAME);
+    // The failover waits a TTL after its cut before it kills, so its loop
+    // runs almost to the end; the other faults stop two TTLs before it.
+    let faults_end = if config.fault == FaultClass::Failover {
+        end - Duration::from_millis(ttl / 2)
+    } else {
+        end - Duration::from_millis(ttl * 2)
+    };
+    while Instant::now() < faults_end {
         // Follow the resource's log: who is inside, who just left.
         let fresh: Vec<String> = redis::cmd("LRANGE")
             .arg(&key)
@@ -756,12 +1073,12 @@ async fn run_in(
             .await
             .unwrap_or_default();
         seen += fresh.len();
-        let mut read_now = None;
+        let mut read_now: Option<(u32, u64)> = None;
         for entry in fresh.iter().filter_map(|text| LogEntry::parse(text)) {
             if entry.op == OpKind::Read {
                 open_reads.insert(entry.client, entry.seq);
                 newest_read = Some(entry.client);
-                read_now = Some(entry.client);
+                read_now = Some((entry.client, entry.at_us));
             } else {
                 open_reads.remove(&entry.client);
                 last_write = Some(entry.client);
@@ -775,7 +1092,9 @@ async fn run_in(
         // has just entered its section (its read is in this poll of the
         // log): the nemesis waits up to a TTL for one, so that the fault
         // lands with the section still ahead of it.
-        let entered = read_now.filter(|c| open_reads.contains_key(c));
+        let entered = read_now
+            .map(|(client, _)| client)
+            .filter(|c| open_reads.contains_key(c));
         let aimed = matches!(
             config.fault,
             FaultClass::Partition
@@ -854,24 +1173,8 @@ async fn run_in(
                             (&client_ips[client], &node_ips[node]),
                             (&node_ips[node], &client_ips[client]),
                         ] {
-                            topology
-                                .add_rule(
-                                    [
-                                        "-s",
-                                        src.as_str(),
-                                        "-d",
-                                        dst.as_str(),
-                                        "-m",
-                                        "comment",
-                                        "--comment",
-                                        topology.prefix.as_str(),
-                                        "-j",
-                                        "DROP",
-                                    ]
-                                    .map(str::to_owned)
-                                    .to_vec(),
-                                )
-                                .await?;
+                            let rule = drop_rule(src, dst, &topology.prefix);
+                            topology.add_rule(rule).await?;
                         }
                         text.push(format!("c{client}-n{node}"));
                     }
@@ -881,10 +1184,90 @@ async fn run_in(
                 faults.push(format!("partition {} {hold} ms", text.join(",")));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
             }
+            FaultClass::Failover => {
+                let Some(group) = &sentinels else {
+                    return Err(ChaosError::Harness("no Sentinel group".to_owned()));
+                };
+                match cut_at_us {
+                    None => {
+                        // Cut the replication link both ways; grants from
+                        // now on stay on the master.
+                        for (src, dst) in [
+                            (&node_ips[0], &group.replica_ip),
+                            (&group.replica_ip, &node_ips[0]),
+                        ] {
+                            let rule = drop_rule(src, dst, &topology.prefix);
+                            topology.add_rule(rule).await?;
+                        }
+                        cut_at_us = Some(now_us());
+                        faults.push("replication link cut".to_owned());
+                    }
+                    Some(cut) => {
+                        // The replica holds what the master had at the cut,
+                        // and every lease granted by then has run out a TTL
+                        // later: a grant made after that is certainly not
+                        // on the replica, and no older one stands in its
+                        // way there. Kill the master as a client enters its
+                        // section on such a grant.
+                        let stale_until = cut + (ttl + 100) * 1000;
+                        let fresh = read_now
+                            .filter(|(c, at)| *at > stale_until && open_reads.contains_key(c));
+                        let waited = now_us().saturating_sub(cut) / 1000;
+                        if fresh.is_none() && waited < ttl * 2 + 100 {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            continue;
+                        }
+                        // The cut holds: the grant the kill aims at is not on
+                        // the replica (a replica hides keys past their expiry).
+                        if let (Some(key), Some((client, _))) = (&lock_key, fresh) {
+                            let replica = format!("redis://{}:{REDIS_PORT}/", group.replica_ip);
+                            let on_replica: i64 = query_once(&replica, {
+                                let mut cmd = redis::cmd("EXISTS");
+                                cmd.arg(key);
+                                cmd
+                            })
+                            .await?;
+                            if on_replica != 0 {
+                                return Err(ChaosError::Harness(format!(
+                                    "client {client}'s grant reached the replica: the \
+                                     replication cut did not hold"
+                                )));
+                            }
+                        }
+                        let url = format!("redis://{}:{REDIS_PORT}/", node_ips[0]);
+                        docker(&["kill", "--signal", "USR1", &node_names[0]]).await?;
+                        redis_gone(&url, Duration::from_secs(5)).await?;
+                        let killed = Instant::now();
+                        group.await_promotion(Duration::from_secs(30)).await?;
+                        faults.push(format!(
+                            "SIGKILL master node 0 {waited} ms after the cut{}; \
+                             the Sentinels named the replica after {} ms",
+                            match fresh {
+                                Some((client, _)) => format!(", client {client} inside"),
+                                None => String::new(),
+                            },
+                            killed.elapsed().as_millis()
+                        ));
+                        next_fault = end;
+                    }
+                }
+            }
             FaultClass::ClockJump => {
                 let node = rng.range(0, config.nodes() as u64 - 1) as usize;
                 let jump = rng.range(ttl * 6 / 5, ttl * 2);
                 clocks[node].jump_ms(jump as i64)?;
+                // The jump took: the node's own TIME reads the offset ahead.
+                let offset = clocks[node].offset_ms();
+                let node_url = format!("redis://{}:{REDIS_PORT}/", node_ips[node]);
+                let (secs, micros): (u64, u64) = query_once(&node_url, redis::cmd("TIME")).await?;
+                let node_ms = secs * 1000 + micros / 1000;
+                let expected = now_us() / 1000 + offset.max(0) as u64;
+                if node_ms + 50 < expected {
+                    return Err(ChaosError::Harness(format!(
+                        "node {node}'s clock did not jump: TIME reads {node_ms} ms, \
+                         expected at least {expected} - 50 (libfaketime not in effect?)"
+                    )));
+                }
                 faults.push(format!(
                     "clock of node {node} jumps +{jump} ms (offset {} ms)",
                     clocks[node].offset_ms()
@@ -906,6 +1289,14 @@ async fn run_in(
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
             }
         }
+    }
+
+    if config.fault == FaultClass::Failover
+        && !faults.iter().any(|f| f.starts_with("SIGKILL master"))
+    {
+        return Err(ChaosError::Harness(format!(
+            "the failover run ended before its kill (faults: {faults:?}); give it more time"
+        )));
     }
 
     // --- heal, wait, collect -------------------------------------------------
@@ -952,7 +1343,13 @@ async fn run_in(
             history.push(record);
         }
     }
-    let judgement = judge_with_pauses(&log, &history, config.limit.max(1) as usize, &pauses);
+    let judgement = judge_with_pauses(
+        &log,
+        &history,
+        config.limit.max(1) as usize,
+        &pauses,
+        config.ttl_ms * 1000,
+    );
     Ok(RunReport {
         config: config.clone(),
         operations: history.len(),
