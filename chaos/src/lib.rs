@@ -89,8 +89,8 @@
 //! Faults, real and seeded (the seed is printed and replays the schedule
 //! and the clients' choices; container timing still varies):
 //!
-//! The classes are [`nemesis::run::FaultClass`]: client `pause` (`docker
-//! pause`), `partition` (iptables black holes between chosen client and
+//! The classes are [`nemesis::run::FaultClass`]: client `crash` (`docker
+//! kill`, for good), client `pause` (`docker pause`), `partition` (iptables black holes between chosen client and
 //! node containers), `restart` and `restart-persisted` (SIGKILL of a
 //! node's `redis-server`, started again by the node container's
 //! supervisor), `clock-jump` (libfaketime in the node's `redis-server`,
@@ -99,9 +99,10 @@
 //! replica promoted by the Sentinels); `docs/nemesis.md` has the whole
 //! table and the model column each is compared with.
 //!
-//! Not done yet, and not claimed: client clock skew
-//! and node clocks that step back, the delaying relay, the progress
-//! property, a crash of a client container. Client clocks are the host's
+//! Progress is judged without faults and after a crash, over the healthy
+//! stretch that follows. Not done yet, and not claimed: client clock skew
+//! and node clocks that step back, the delaying relay, progress after the
+//! faults that heal. Client clocks are the host's
 //! (no libfaketime in client containers).
 //!
 //! Mutations ([`nemesis::Mutation`], in the client, never in the library)

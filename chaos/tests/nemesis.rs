@@ -22,8 +22,10 @@ use lockwright_chaos::nemesis::Mutation;
 use lockwright_core::ProtocolId;
 
 /// The cells of the CI run.
-const CELLS: [(ProtocolId, FaultClass); 13] = [
+const CELLS: [(ProtocolId, FaultClass); 15] = [
     (ProtocolId::SetPxLua, FaultClass::None),
+    (ProtocolId::SetPxLua, FaultClass::Crash),
+    (ProtocolId::SetnxDel, FaultClass::Crash),
     (ProtocolId::SetPxLua, FaultClass::Pause),
     (ProtocolId::SetPxLua, FaultClass::Partition),
     (ProtocolId::SetPxLua, FaultClass::Restart),

@@ -13,11 +13,13 @@ use super::run::{model_verdict, run, FaultClass, Observed, RunConfig, RunReport}
 use super::Mutation;
 use crate::ChaosError;
 
-/// The properties the nemesis judges (progress is not judged yet).
-pub const JUDGED: [PropertyId; 3] = [
+/// The properties the nemesis judges (each only where
+/// [`RunReport::observed`] can).
+pub const JUDGED: [PropertyId; 4] = [
     PropertyId::MutualExclusion,
     PropertyId::FencedResource,
     PropertyId::OwnerOnly,
+    PropertyId::Progress,
 ];
 
 /// Settings shared by every run of a campaign.

@@ -313,6 +313,56 @@ pub fn judge_with_pauses(
     judgement
 }
 
+/// Progress over a stretch `[from_us, to_us]` in which the system is
+/// healthy (no fault active, the last one at least two TTLs past): a
+/// stretch of `patience_us` or more without a single successful acquire,
+/// while some client was waiting in an acquire across its middle, is a
+/// violation (a deadlock, a leaked hold). A correct client's hold lasts
+/// under two TTLs, so a patience of four TTLs leaves no honest explanation.
+/// Judged from the clients' records: an acquire is `Ok` when its client
+/// got the lock, and when it waited.
+pub fn progress(
+    history: &[OpRecord],
+    from_us: u64,
+    to_us: u64,
+    patience_us: u64,
+) -> Option<Finding> {
+    let mut grants: Vec<u64> = history
+        .iter()
+        .filter(|r| r.op == OpKind::Acquire && r.outcome == Outcome::Ok)
+        .map(|r| r.complete_us)
+        .filter(|&at| from_us <= at && at <= to_us)
+        .collect();
+    grants.sort_unstable();
+    let mut points = vec![from_us];
+    points.extend(grants);
+    points.push(to_us);
+    for pair in points.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.saturating_sub(a) < patience_us {
+            continue;
+        }
+        let middle = a + (b - a) / 2;
+        if let Some(waiter) = history
+            .iter()
+            .find(|r| r.op == OpKind::Acquire && r.invoke_us <= middle && middle <= r.complete_us)
+        {
+            return Some(Finding {
+                check: "progress",
+                excerpt: format!(
+                    "no acquire succeeded for {} ms while client {} waited (its acquire {} from {} to {} µs)",
+                    (b - a) / 1000,
+                    waiter.client,
+                    waiter.outcome.as_str(),
+                    waiter.invoke_us,
+                    waiter.complete_us
+                ),
+            });
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,6 +504,33 @@ mod tests {
         // Without the holder's acquire record, nothing is certain.
         let unknown = judge_with_pauses(&log, &history[1..], 1, &[], 1_000_000);
         assert!(!unknown.violated("unpaused-overlap"));
+    }
+
+    fn acquire(client: u32, from: u64, to: u64, outcome: Outcome) -> OpRecord {
+        let mut r = record(client, 0, OpKind::Acquire, outcome);
+        r.invoke_us = from;
+        r.complete_us = to;
+        r
+    }
+
+    #[test]
+    fn a_waiter_that_never_gets_in_is_a_progress_violation() {
+        // Grants at 1 and 2 s, then client 2 waits from 2 s to the end.
+        let history = [
+            acquire(1, 900_000, 1_000_000, Outcome::Ok),
+            acquire(1, 1_900_000, 2_000_000, Outcome::Ok),
+            acquire(2, 2_000_000, 4_000_000, Outcome::Fail),
+            acquire(2, 4_000_000, 6_000_000, Outcome::Fail),
+        ];
+        let found = progress(&history, 0, 6_000_000, 3_000_000).expect("a stall");
+        assert_eq!(found.check, "progress");
+        // A longer patience, or a grant in the gap, and it is no violation.
+        assert!(progress(&history, 0, 6_000_000, 4_500_000).is_none());
+        let mut granted = history.to_vec();
+        granted.push(acquire(3, 3_900_000, 4_000_000, Outcome::Ok));
+        assert!(progress(&granted, 0, 6_000_000, 3_000_000).is_none());
+        // A gap nobody waited in is no violation either.
+        assert!(progress(&history[..2], 0, 6_000_000, 3_000_000).is_none());
     }
 
     #[test]

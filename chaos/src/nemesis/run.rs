@@ -21,7 +21,7 @@ use lockwright_model::{Fault, PropertyId};
 use lockwright_redis::{Lock, LockOptions};
 use redis::AsyncConnectionConfig;
 
-use super::checker::{judge_with_pauses, Judgement, Paused};
+use super::checker::{judge_with_pauses, progress, Judgement, Paused};
 use super::record::{log_key, LogEntry, OpKind, OpRecord, Outcome};
 use super::{Mutation, Rng, UnknownName};
 use crate::clock::{FakeClock, OFFSET_FILE};
@@ -42,6 +42,10 @@ const REDIS_SERVER_PATH: &str = "/usr/local/bin/redis-server";
 pub enum FaultClass {
     /// No fault: contention only.
     None,
+    /// `docker kill --signal KILL` of a client container as it enters its
+    /// section: the holder dies holding, for good (it is not started
+    /// again). Once per run.
+    Crash,
     /// `docker pause` of a client container for 1.2 to 2 TTLs: three times
     /// in four the client that has just read the resource (inside its
     /// section), else the one that wrote last.
@@ -77,8 +81,9 @@ pub enum FaultClass {
 
 impl FaultClass {
     /// Every class.
-    pub const ALL: [FaultClass; 7] = [
+    pub const ALL: [FaultClass; 8] = [
         FaultClass::None,
+        FaultClass::Crash,
         FaultClass::Pause,
         FaultClass::Partition,
         FaultClass::Restart,
@@ -91,6 +96,7 @@ impl FaultClass {
     pub fn as_str(self) -> &'static str {
         match self {
             FaultClass::None => "none",
+            FaultClass::Crash => "crash",
             FaultClass::Pause => "pause",
             FaultClass::Partition => "partition",
             FaultClass::Restart => "restart",
@@ -114,6 +120,7 @@ impl FaultClass {
     pub fn model_fault(self) -> Fault {
         match self {
             FaultClass::None => Fault::None,
+            FaultClass::Crash => Fault::Crash,
             FaultClass::Pause => Fault::Pause,
             FaultClass::Partition => Fault::Partition,
             FaultClass::Restart => Fault::Restart,
@@ -210,12 +217,18 @@ impl RunReport {
     /// The nemesis' observation of `property`. Mutual exclusion and the
     /// fenced resource are read from the resource's log; owner-only is
     /// judged only under pauses, as an overlap of two unpaused sections;
-    /// progress is not judged yet.
+    /// progress only without faults and after a crash, over the healthy
+    /// stretch that follows (see [`progress`]).
     pub fn observed(&self, property: PropertyId) -> Observed {
         let check = match property {
             PropertyId::MutualExclusion => "mutual-exclusion",
             PropertyId::FencedResource if !self.config.is_semaphore() => "fenced-resource",
             PropertyId::OwnerOnly if self.config.fault == FaultClass::Pause => "unpaused-overlap",
+            PropertyId::Progress
+                if matches!(self.config.fault, FaultClass::None | FaultClass::Crash) =>
+            {
+                "progress"
+            }
             _ => return Observed::NotJudged,
         };
         match self.judgement.of(check).next() {
@@ -609,6 +622,10 @@ fn drop_rule(src: &str, dst: &str, prefix: &str) -> Vec<String> {
     .map(str::to_owned)
     .to_vec()
 }
+
+/// Progress is violated by a healthy stretch of this many TTLs without a
+/// successful acquire while a client waits (a correct hold lasts under two).
+pub const PROGRESS_PATIENCE_TTLS: u64 = 4;
 
 /// The name of the lock (or semaphore) the clients contend for.
 pub const LOCK_NAME: &str = "nemesis";
@@ -1035,6 +1052,7 @@ async fn run_in(
     let mut rng = Rng::new(config.seed);
     let ttl = config.ttl_ms;
     let started = Instant::now();
+    let started_us = now_us();
     let end = started + config.duration;
     let mut faults = Vec::new();
     let mut pauses: Vec<Paused> = Vec::new();
@@ -1042,6 +1060,8 @@ async fn run_in(
     let mut open_reads: BTreeMap<u32, u64> = BTreeMap::new();
     let mut last_write: Option<u32> = None;
     let mut newest_read: Option<u32> = None;
+    // The client killed for good, and when (crash runs).
+    let mut crashed: Option<(usize, u64)> = None;
     // When the replication link was cut (failover runs).
     let mut cut_at_us: Option<u64> = None;
     // Whether the pause that is due aims inside a section (drawn once per
@@ -1098,6 +1118,7 @@ async fn run_in(
         let aimed = matches!(
             config.fault,
             FaultClass::Partition
+                | FaultClass::Crash
                 | FaultClass::Restart
                 | FaultClass::RestartPersisted
                 | FaultClass::ClockJump
@@ -1108,6 +1129,22 @@ async fn run_in(
         }
         match config.fault {
             FaultClass::None => {
+                next_fault = end;
+            }
+            FaultClass::Crash => {
+                let target = entered
+                    .map(|c| c as usize)
+                    .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
+                docker(&["kill", "--signal", "KILL", &client_names[target]]).await?;
+                crashed = Some((target, now_us()));
+                faults.push(format!(
+                    "kill -9 client {target}{}",
+                    if entered.is_some() {
+                        " inside its section"
+                    } else {
+                        ""
+                    }
+                ));
                 next_fault = end;
             }
             FaultClass::Pause => {
@@ -1311,10 +1348,10 @@ async fn run_in(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    for name in &client_names {
+    for (index, name) in client_names.iter().enumerate() {
         let _ = docker(&["kill", name]).await;
         let code = docker(&["inspect", "--format", "{{.State.ExitCode}}", name]).await?;
-        if code != "0" {
+        if code != "0" && crashed.map(|(c, _)| c) != Some(index) {
             let logs = docker(&["logs", "--tail", "5", name])
                 .await
                 .unwrap_or_default();
@@ -1336,20 +1373,39 @@ async fn run_in(
     let mut history = Vec::new();
     for index in 0..config.clients {
         let path = topology.out_dir.join(format!("client-{index}.jsonl"));
-        let text = std::fs::read_to_string(&path)?;
+        let mut text = std::fs::read_to_string(&path)?;
+        // A client killed by the nemesis may have died inside a line.
+        if crashed.map(|(c, _)| c) == Some(index) && !text.ends_with('\n') {
+            let whole = text.rfind('\n').map_or(0, |at| at + 1);
+            text.truncate(whole);
+        }
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let record: OpRecord = serde_json::from_str(line)
                 .map_err(|e| ChaosError::UnexpectedReply(format!("{line}: {e}")))?;
             history.push(record);
         }
     }
-    let judgement = judge_with_pauses(
+    let mut judgement = judge_with_pauses(
         &log,
         &history,
         config.limit.max(1) as usize,
         &pauses,
         config.ttl_ms * 1000,
     );
+    // Progress, where the run has a healthy stretch: from two TTLs after
+    // the start (no fault) or after the crash, to the clients' deadline.
+    let ttl_us = config.ttl_ms * 1000;
+    let healthy_from = match (config.fault, crashed) {
+        (FaultClass::None, _) => Some(started_us + 2 * ttl_us),
+        (FaultClass::Crash, Some((_, at))) => Some(at + 2 * ttl_us),
+        _ => None,
+    };
+    if let Some(from) = healthy_from {
+        let to = started_us + config.duration.as_micros() as u64;
+        if let Some(finding) = progress(&history, from, to, PROGRESS_PATIENCE_TTLS * ttl_us) {
+            judgement.findings.push(finding);
+        }
+    }
     Ok(RunReport {
         config: config.clone(),
         operations: history.len(),
