@@ -84,7 +84,8 @@
 //! order, accesses logged twice, or logged otherwise than their client saw
 //! them answered are integrity failures; a semaphore fails when more
 //! sections than permits overlap. Owner-only is judged under pauses only:
-//! an overlap of two sections neither of whose clients was paused.
+//! an overlap of two sections neither of whose clients was paused, entered
+//! while the other holder's lease certainly still stood.
 //!
 //! Faults, real and seeded (the seed is printed and replays the schedule
 //! and the clients' choices; container timing still varies):

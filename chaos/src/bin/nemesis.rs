@@ -37,11 +37,12 @@ struct Args {
     /// First seed (printed; run `i` uses `seed + i`).
     #[arg(long)]
     seed: Option<u64>,
-    /// Seconds the clients of one run loop.
+    /// Seconds the clients of one run loop (raised where a fault needs more:
+    /// four TTLs and a second, twelve TTLs for crash, 30 s for failover).
     #[arg(long, default_value_t = 10)]
     run_seconds: u64,
-    /// Lease TTL in ms.
-    #[arg(long, default_value_t = 1000)]
+    /// Lease TTL in ms (failover runs use at least 8000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     ttl_ms: u64,
     /// Protocols, comma-separated.
     #[arg(
@@ -54,7 +55,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,pause,partition,restart,restart-persisted,clock-jump,failover"
+        default_value = "none,crash,pause,partition,restart,restart-persisted,clock-jump,failover"
     )]
     faults: Vec<String>,
     /// Mutations to try, comma-separated.

@@ -22,6 +22,23 @@ pub const JUDGED: [PropertyId; 4] = [
     PropertyId::Progress,
 ];
 
+/// How long a run of `fault` lasts: at least what was asked, four TTLs
+/// and a second (the faults stop two TTLs before the end and an aimed
+/// fault may wait a TTL for its target), twelve TTLs after a crash (a
+/// healthy stretch of four TTLs to judge progress in, two TTLs after the
+/// crash), and for a failover 30 s or four TTLs (it waits a TTL after
+/// its replication cut before it kills).
+pub fn run_duration(fault: FaultClass, asked: Duration, ttl_ms: u64) -> Duration {
+    let ttls = |n: u64| Duration::from_millis(ttl_ms.saturating_mul(n));
+    let floor = match fault {
+        FaultClass::None => Duration::ZERO,
+        FaultClass::Crash => ttls(12),
+        FaultClass::Failover => Duration::from_secs(30).max(ttls(4)),
+        _ => ttls(4) + Duration::from_secs(1),
+    };
+    asked.max(floor)
+}
+
 /// Settings shared by every run of a campaign.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -51,21 +68,17 @@ impl Settings {
         seed: u64,
         mutation: Mutation,
     ) -> RunConfig {
-        let failover = fault == FaultClass::Failover;
+        let ttl_ms = if fault == FaultClass::Failover {
+            self.ttl_ms.max(8000)
+        } else {
+            self.ttl_ms
+        };
         RunConfig {
             protocol,
             fault,
             clients: self.clients,
-            duration: if failover {
-                self.run_duration.max(Duration::from_secs(30))
-            } else {
-                self.run_duration
-            },
-            ttl_ms: if failover {
-                self.ttl_ms.max(8000)
-            } else {
-                self.ttl_ms
-            },
+            duration: run_duration(fault, self.run_duration, ttl_ms),
+            ttl_ms,
             limit: if protocol == ProtocolId::LeaseSemaphore {
                 2
             } else {

@@ -1,9 +1,12 @@
 //! The nemesis checker: judges a run from the protected resource's log and
 //! the clients' histories, trusting neither the adapter's validity nor the
-//! clients' own claims: a property's violation is read from the log alone
-//! (the integrity checks compare the clients' answers with it). The one use
-//! of a client's record is its acquire's invocation time, which only widens
-//! the stretch in which a nemesis pause excuses an overlap (owner-only).
+//! clients' own claims: mutual exclusion and the fenced resource are read
+//! from the log (the integrity checks compare the clients' answers with
+//! it). The clients' records serve only to make a verdict more careful or
+//! where no log can: an access its client saw time out is not counted as
+//! certain; owner-only uses the acquires' times (a pause excuses an
+//! overlap; the other holder's lease must certainly have stood); progress
+//! is judged from the acquires alone ([`progress`]).
 //!
 //! The resource is a single Redis running one script, so its log is a total
 //! order of the accesses that reached it, in real time. A client's critical
@@ -17,8 +20,8 @@
 //!   `limit - 1` other clients' sections are open, that is, their read is
 //!   logged before it and their write after it, more than `limit` clients
 //!   were inside at the instant the resource ran that read. A section whose
-//!   write never reached the resource (abandoned, crashed, timed out) is
-//!   never counted as open: no uncertainty window is guessed, so a reported
+//!   write never reached the resource (abandoned, crashed, timed out), or
+//!   whose write its client saw time out, is never counted as open: no uncertainty window is guessed, so a reported
 //!   overlap is certain and a missed one is possible.
 //! - **fenced resource** (locks only): the resource accepted a client's
 //!   write after it accepted the read of another client that entered after
@@ -37,8 +40,8 @@ use super::record::{LogEntry, OpKind, OpRecord, Outcome};
 /// What the checker found for one property.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finding {
-    /// The check: `mutual-exclusion`, `fenced-resource`, `fence-order`,
-    /// `lost-or-duplicated`.
+    /// The check: `mutual-exclusion`, `unpaused-overlap`,
+    /// `fenced-resource`, `fence-order`, `lost-or-duplicated`, `progress`.
     pub check: &'static str,
     /// The evidence: the log entries involved.
     pub excerpt: String,
@@ -168,6 +171,15 @@ pub fn judge_with_pauses(
         .filter(|r| r.op == OpKind::Read && r.outcome == Outcome::Indeterminate)
         .map(|r| (r.client, r.seq))
         .collect();
+    // Likewise a write its client saw time out may have run after the
+    // client released: it does not certainly close the section where it
+    // is logged, so that section is not counted as open (the fenced
+    // resource still judges the write itself).
+    let write_unanswered: std::collections::HashSet<(u32, u64)> = history
+        .iter()
+        .filter(|r| r.op == OpKind::Write && r.outcome == Outcome::Indeterminate)
+        .map(|r| (r.client, r.seq))
+        .collect();
 
     // Mutual exclusion: at each read, who else is certainly inside?
     for (index, entry) in log.iter().enumerate() {
@@ -176,7 +188,12 @@ pub fn judge_with_pauses(
         }
         let inside: Vec<&((u32, u64), usize, usize)> = complete
             .iter()
-            .filter(|((client, _), r, w)| *client != entry.client && *r < index && index < *w)
+            .filter(|((client, seq), r, w)| {
+                *client != entry.client
+                    && *r < index
+                    && index < *w
+                    && !write_unanswered.contains(&(*client, *seq))
+            })
             .collect();
         let was_paused = |client: u32, from: usize, to: usize| {
             let seq = log[from].seq;
@@ -531,6 +548,18 @@ mod tests {
         assert!(progress(&granted, 0, 6_000_000, 3_000_000).is_none());
         // A gap nobody waited in is no violation either.
         assert!(progress(&history[..2], 0, 6_000_000, 3_000_000).is_none());
+    }
+
+    #[test]
+    fn a_write_that_timed_out_does_not_certainly_close_its_section() {
+        // Client 1's write is logged after client 2's read, but client 1
+        // saw it time out: it may have run after client 1 released.
+        let log = log(&["1|1|read||ok", "2|1|read||ok", "1|1|write||ok"]);
+        let timed_out = [record(1, 1, OpKind::Write, Outcome::Indeterminate)];
+        let judged = judge(&log, &timed_out, 1);
+        assert!(!judged.violated("mutual-exclusion"));
+        // The resource still accepted it after the successor's read.
+        assert!(judged.violated("fenced-resource"));
     }
 
     #[test]

@@ -198,6 +198,8 @@ pub struct RunReport {
     pub faults: Vec<String>,
     /// The checker's findings.
     pub judgement: Judgement,
+    /// Was progress judged (a healthy stretch of at least the patience)?
+    pub progress_judged: bool,
     /// The resource's log.
     pub log: Vec<LogEntry>,
 }
@@ -224,11 +226,7 @@ impl RunReport {
             PropertyId::MutualExclusion => "mutual-exclusion",
             PropertyId::FencedResource if !self.config.is_semaphore() => "fenced-resource",
             PropertyId::OwnerOnly if self.config.fault == FaultClass::Pause => "unpaused-overlap",
-            PropertyId::Progress
-                if matches!(self.config.fault, FaultClass::None | FaultClass::Crash) =>
-            {
-                "progress"
-            }
+            PropertyId::Progress if self.progress_judged => "progress",
             _ => return Observed::NotJudged,
         };
         match self.judgement.of(check).next() {
@@ -684,6 +682,13 @@ impl SentinelGroup {
     }
 }
 
+/// `EXISTS key`.
+fn exists(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EXISTS");
+    cmd.arg(key);
+    cmd
+}
+
 /// One command on a fresh connection, with short timeouts.
 async fn query_once<T: redis::FromRedisValue>(
     url: &str,
@@ -962,9 +967,9 @@ async fn run_in(
         let template = redis::Client::open(format!("redis://{}:{REDIS_PORT}/", node_ips[0]))?;
         let options =
             LockOptions::new(config.protocol, Duration::from_millis(config.ttl_ms.max(1)));
-        Lock::new([template], LOCK_NAME, options)
-            .map(|lock| lock.key())
-            .ok()
+        let lock = Lock::new([template], LOCK_NAME, options)
+            .map_err(|e| ChaosError::Harness(format!("the lock's key: {e}")))?;
+        Some(lock.key())
     } else {
         None
     };
@@ -1258,12 +1263,14 @@ async fn run_in(
                         // the replica (a replica hides keys past their expiry).
                         if let (Some(key), Some((client, _))) = (&lock_key, fresh) {
                             let replica = format!("redis://{}:{REDIS_PORT}/", group.replica_ip);
-                            let on_replica: i64 = query_once(&replica, {
-                                let mut cmd = redis::cmd("EXISTS");
-                                cmd.arg(key);
-                                cmd
-                            })
-                            .await?;
+                            let mut on_replica = query_once(&replica, exists(key)).await;
+                            for _ in 0..3 {
+                                if on_replica.is_ok() {
+                                    break;
+                                }
+                                on_replica = query_once(&replica, exists(key)).await;
+                            }
+                            let on_replica: i64 = on_replica?;
                             if on_replica != 0 {
                                 return Err(ChaosError::Harness(format!(
                                     "client {client}'s grant reached the replica: the \
@@ -1296,9 +1303,12 @@ async fn run_in(
                 // The jump took: the node's own TIME reads the offset ahead.
                 let offset = clocks[node].offset_ms();
                 let node_url = format!("redis://{}:{REDIS_PORT}/", node_ips[node]);
+                // Host time taken before the question: the round trip
+                // only adds to the node's reading.
+                let before_ms = now_us() / 1000;
                 let (secs, micros): (u64, u64) = query_once(&node_url, redis::cmd("TIME")).await?;
                 let node_ms = secs * 1000 + micros / 1000;
-                let expected = now_us() / 1000 + offset.max(0) as u64;
+                let expected = before_ms + offset.max(0) as u64;
                 if node_ms + 50 < expected {
                     return Err(ChaosError::Harness(format!(
                         "node {node}'s clock did not jump: TIME reads {node_ms} ms, \
@@ -1328,11 +1338,18 @@ async fn run_in(
         }
     }
 
-    if config.fault == FaultClass::Failover
-        && !faults.iter().any(|f| f.starts_with("SIGKILL master"))
-    {
+    // A run whose fault never happened shows nothing about the fault.
+    let happened = match config.fault {
+        FaultClass::None => true,
+        FaultClass::Failover => faults.iter().any(|f| f.starts_with("SIGKILL master")),
+        FaultClass::Crash => crashed.is_some(),
+        _ => !faults.is_empty(),
+    };
+    if !happened {
         return Err(ChaosError::Harness(format!(
-            "the failover run ended before its kill (faults: {faults:?}); give it more time"
+            "the {} run ended before its fault (faults: {faults:?}): give it more time \
+             (at least four TTLs and a second)",
+            config.fault.as_str()
         )));
     }
 
@@ -1400,9 +1417,11 @@ async fn run_in(
         (FaultClass::Crash, Some((_, at))) => Some(at + 2 * ttl_us),
         _ => None,
     };
-    if let Some(from) = healthy_from {
-        let to = started_us + config.duration.as_micros() as u64;
-        if let Some(finding) = progress(&history, from, to, PROGRESS_PATIENCE_TTLS * ttl_us) {
+    let patience_us = PROGRESS_PATIENCE_TTLS * ttl_us;
+    let to = started_us + config.duration.as_micros() as u64;
+    let progress_judged = healthy_from.is_some_and(|from| to.saturating_sub(from) >= patience_us);
+    if let (true, Some(from)) = (progress_judged, healthy_from) {
+        if let Some(finding) = progress(&history, from, to, patience_us) {
             judgement.findings.push(finding);
         }
     }
@@ -1419,6 +1438,7 @@ async fn run_in(
             .count(),
         faults,
         judgement,
+        progress_judged,
         log,
     })
 }
