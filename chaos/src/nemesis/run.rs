@@ -26,7 +26,9 @@ use super::record::{log_key, LogEntry, OpKind, OpRecord, Outcome};
 use super::{Mutation, Rng, UnknownName};
 use crate::clock::{FakeClock, OFFSET_FILE};
 use crate::docker::{docker, docker_blocking};
-use crate::{default_image, ChaosError, FAKETIME_DIR, LIBFAKETIME, REDIS_PORT};
+use crate::{
+    default_image, ChaosError, NodeOptions, Persistence, FAKETIME_DIR, LIBFAKETIME, REDIS_PORT,
+};
 
 /// The local image the clients run in (tagged by a hash of the binary).
 pub const CLIENT_IMAGE: &str = "lockwright/nemesis-client";
@@ -549,13 +551,8 @@ async fn redis_ready(
 ) -> Result<redis::aio::MultiplexedConnection, ChaosError> {
     let deadline = Instant::now() + timeout;
     loop {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(300)))
-            .set_response_timeout(Some(Duration::from_millis(1000)));
         let attempt = async {
-            let mut c = redis::Client::open(url)?
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let mut c = connect_once(url, Duration::from_millis(1000)).await?;
             let _: String = redis::cmd("PING").query_async(&mut c).await?;
             Ok::<_, redis::RedisError>(c)
         }
@@ -577,18 +574,7 @@ async fn redis_ready(
 async fn redis_gone(url: &str, timeout: Duration) -> Result<(), ChaosError> {
     let deadline = Instant::now() + timeout;
     loop {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(300)))
-            .set_response_timeout(Some(Duration::from_millis(300)));
-        let answered = async {
-            let mut c = redis::Client::open(url)?
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
-            let _: String = redis::cmd("PING").query_async(&mut c).await?;
-            Ok::<_, redis::RedisError>(())
-        }
-        .await
-        .is_ok();
+        let answered = query_once::<String>(url, redis::cmd("PING")).await.is_ok();
         if !answered {
             return Ok(());
         }
@@ -694,13 +680,21 @@ async fn query_once<T: redis::FromRedisValue>(
     url: &str,
     cmd: redis::Cmd,
 ) -> Result<T, redis::RedisError> {
+    let mut c = connect_once(url, Duration::from_millis(300)).await?;
+    cmd.query_async(&mut c).await
+}
+
+/// A fresh connection to `url`: 300 ms to connect, `response` per reply.
+async fn connect_once(
+    url: &str,
+    response: Duration,
+) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_millis(300)))
-        .set_response_timeout(Some(Duration::from_millis(300)));
-    let mut c = redis::Client::open(url)?
+        .set_response_timeout(Some(response));
+    redis::Client::open(url)?
         .get_multiplexed_async_connection_with_config(&config)
-        .await?;
-    cmd.query_async(&mut c).await
+        .await
 }
 
 /// Starts the replica of the master at `master_ip` and three Sentinels
@@ -713,26 +707,19 @@ async fn start_sentinel_group(
     master_ip: &str,
 ) -> Result<SentinelGroup, ChaosError> {
     let replica_ip = topology.ip(20);
-    let port = REDIS_PORT.to_string();
+    let replica_args = NodeOptions {
+        extra_args: vec![
+            "--replicaof".to_owned(),
+            master_ip.to_owned(),
+            REDIS_PORT.to_string(),
+        ],
+        ..NodeOptions::default()
+    }
+    .redis_args();
+    let mut args = vec![image, "supervise", REDIS_SERVER_PATH];
+    args.extend(replica_args.iter().map(String::as_str));
     topology
-        .run_container(
-            &format!("{}-replica", topology.prefix),
-            &replica_ip,
-            &[
-                image,
-                "supervise",
-                REDIS_SERVER_PATH,
-                "--protected-mode",
-                "no",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--replicaof",
-                master_ip,
-                &port,
-            ],
-        )
+        .run_container(&format!("{}-replica", topology.prefix), &replica_ip, &args)
         .await?;
     let mut urls = Vec::new();
     for index in 0..3u8 {
@@ -894,11 +881,14 @@ async fn run_in(
     }
     topology.create_network().await?;
     let redis_image = default_image();
-    let persistence: &[&str] = if config.fault == FaultClass::RestartPersisted {
-        &["--appendonly", "yes", "--appendfsync", "always"]
-    } else {
-        &["--appendonly", "no"]
-    };
+    // The nodes' redis-server arguments, as the replay's nodes have them.
+    let node_args =
+        NodeOptions::with_persistence(if config.fault == FaultClass::RestartPersisted {
+            Persistence::AofFsyncAlways
+        } else {
+            Persistence::None
+        })
+        .redis_args();
     let resource_ip = topology.ip(2);
     let resource_name = format!("{}-resource", topology.prefix);
     topology
@@ -945,18 +935,8 @@ async fn run_in(
             clocks.push(clock);
         }
         let mut args: Vec<&str> = faked.iter().map(String::as_str).collect();
-        args.extend_from_slice(&[
-            image,
-            "supervise",
-            REDIS_SERVER_PATH,
-            "--protected-mode",
-            "no",
-            "--save",
-            "",
-            "--repl-diskless-sync-delay",
-            "0",
-        ]);
-        args.extend_from_slice(persistence);
+        args.extend_from_slice(&[image, "supervise", REDIS_SERVER_PATH]);
+        args.extend(node_args.iter().map(String::as_str));
         topology.run_container(&name, &ip, &args).await?;
         node_names.push(name);
         node_ips.push(ip);
