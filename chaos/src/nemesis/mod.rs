@@ -6,6 +6,7 @@
 pub mod campaign;
 pub mod checker;
 pub mod record;
+pub mod relay;
 pub mod run;
 
 use std::str::FromStr;
