@@ -68,7 +68,8 @@
 //! resource → release, with `lockwright-redis` (`Lock`, `Semaphore`,
 //! guards, fences, `valid_until()`, `lost()`), and appends one JSON line per
 //! operation with
-//! its invocation and completion times on the host clock and its outcome:
+//! its invocation and completion times on the host clock (read through the
+//! vDSO, past libfaketime, also by a skewed client) and its outcome:
 //! ok, fail, or indeterminate (a timeout or lost connection: recorded as
 //! unknown, never as success or failure).
 //!
@@ -83,28 +84,34 @@
 //! successor's read violates the fenced resource; fences accepted out of
 //! order, accesses logged twice, or logged otherwise than their client saw
 //! them answered are integrity failures; a semaphore fails when more
-//! sections than permits overlap. Owner-only is judged under pauses only:
-//! an overlap of two sections neither of whose clients was paused, entered
-//! while the other holder's lease certainly still stood.
+//! sections than permits overlap. Owner-only is judged for locks under
+//! pauses and delays: an overlap of two sections neither of whose clients
+//! was paused, entered while the other holder's lease certainly still
+//! stood.
 //!
 //! Faults, real and seeded (the seed is printed and replays the schedule
 //! and the clients' choices; container timing still varies):
 //!
-//! The classes are [`nemesis::run::FaultClass`]: client `crash` (`docker
-//! kill`, for good), client `pause` (`docker pause`), `partition` (iptables black holes between chosen client and
-//! node containers), `restart` and `restart-persisted` (SIGKILL of a
-//! node's `redis-server`, started again by the node container's
-//! supervisor), `clock-jump` (libfaketime in the node's `redis-server`,
-//! its offset moved forward at run time) and `failover` (a replica and
+//! The classes are [`nemesis::run::FaultClass`], one per column of the
+//! model: client `crash` (`docker kill`, for good), client `pause`
+//! (`docker pause`), `client-skew` (libfaketime in about half the client
+//! containers: half a TTL ahead, 1 % slow, checked from each client's
+//! clock probes), `partition` (iptables black holes between chosen client
+//! and node containers), `restart`, `restart-persisted`, `restart-delayed`
+//! and `clock-back` (SIGKILL of a node's `redis-server`, started again by
+//! the node container's supervisor: at once, with AOF, after more than a
+//! TTL, or with its libfaketime clock set back), `clock-jump`
+//! (libfaketime in the node's `redis-server`, its offset moved forward at
+//! run time), `delay` (a TCP relay container, [`nemesis::relay`], holds a
+//! client's request or reply past its timeout) and `failover` and
+//! `failover-clock-lag` (a replica, its clock behind in the second, and
 //! three Redis Sentinels; the replication link cut, the master killed, the
 //! replica promoted by the Sentinels); `docs/nemesis.md` has the whole
 //! table and the model column each is compared with.
 //!
-//! Progress is judged without faults and after a crash, over the healthy
-//! stretch that follows. Not done yet, and not claimed: client clock skew
-//! and node clocks that step back, the delaying relay, progress after the
-//! faults that heal. Client clocks are the host's
-//! (no libfaketime in client containers).
+//! Progress is judged over the healthy stretch after the start, the crash
+//! or the last fault, where it is at least the patience. The model's
+//! `delay` may also lose a message; the relay only holds them.
 //!
 //! Mutations ([`nemesis::Mutation`], in the client, never in the library)
 //! must be caught: working 20 % of the TTL past `valid_until()`

@@ -22,7 +22,7 @@ use lockwright_chaos::nemesis::Mutation;
 use lockwright_core::ProtocolId;
 
 /// The cells of the CI run.
-const CELLS: [(ProtocolId, FaultClass); 15] = [
+const CELLS: [(ProtocolId, FaultClass); 22] = [
     (ProtocolId::SetPxLua, FaultClass::None),
     (ProtocolId::SetPxLua, FaultClass::Crash),
     (ProtocolId::SetnxDel, FaultClass::Crash),
@@ -38,6 +38,22 @@ const CELLS: [(ProtocolId, FaultClass); 15] = [
     (ProtocolId::Reentrant, FaultClass::Partition),
     (ProtocolId::Redlock, FaultClass::Partition),
     (ProtocolId::LeaseSemaphore, FaultClass::Partition),
+    (ProtocolId::SetPxLua, FaultClass::ClientSkew),
+    (ProtocolId::Redlock, FaultClass::ClientSkew),
+    (ProtocolId::SetPxLua, FaultClass::Delay),
+    (ProtocolId::SetPxGetDel, FaultClass::Delay),
+    (ProtocolId::SetPxLua, FaultClass::ClockBack),
+    (ProtocolId::SetPxLua, FaultClass::RestartDelayed),
+    (ProtocolId::SetPxLua, FaultClass::FailoverClockLag),
+];
+
+/// The cells run for 16 TTLs, where progress after a healing fault is
+/// judged: `setnx-del` × `restart-persisted` is the model's violation (a
+/// restart kills the hold's own connection, its release gives up, and the
+/// persisted key has no TTL).
+const LONG_CELLS: [(ProtocolId, FaultClass); 2] = [
+    (ProtocolId::SetPxLua, FaultClass::Partition),
+    (ProtocolId::SetnxDel, FaultClass::RestartPersisted),
 ];
 
 fn iptables_ready() -> bool {
@@ -86,6 +102,26 @@ async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
         let config = settings.config(protocol, fault, seed + index as u64, Mutation::None);
         let report = run(&config).await.expect("a nemesis run");
         eprintln!("{}", progress_line(started.elapsed(), &report));
+        reports.push(report);
+    }
+    // Runs of 16 TTLs: the faults stop nine TTLs before the end, and
+    // progress is judged over the healthy stretch after the last one.
+    let long = Settings {
+        run_duration: Duration::from_secs(16),
+        ..settings.clone()
+    };
+    for (index, (protocol, fault)) in LONG_CELLS.into_iter().enumerate() {
+        let seed = seed + (CELLS.len() + index) as u64;
+        let report = run(&long.config(protocol, fault, seed, Mutation::None))
+            .await
+            .expect("a nemesis run");
+        eprintln!("{}", progress_line(started.elapsed(), &report));
+        assert!(
+            report.progress_judged,
+            "({}, {}) seed {seed}: a run of 16 TTLs leaves a healthy stretch to judge progress in",
+            protocol.as_str(),
+            fault.as_str()
+        );
         reports.push(report);
     }
     let mut mutations = Vec::new();

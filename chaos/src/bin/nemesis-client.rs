@@ -13,10 +13,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use lockwright_chaos::nemesis::record::{
-    high_key, log_key, OpKind, OpRecord, Outcome, RESOURCE_SCRIPT,
+    high_key, log_key, marks_key, OpKind, OpRecord, Outcome, RESOURCE_SCRIPT,
 };
 use lockwright_chaos::nemesis::run::{LOCK_NAME, SENTINEL_GROUP};
-use lockwright_chaos::nemesis::{Mutation, Rng, UnknownName};
+use lockwright_chaos::nemesis::{relay, Mutation, Rng, UnknownName};
 use lockwright_core::catalogue::Kind;
 use lockwright_redis::redis::aio::MultiplexedConnection;
 use lockwright_redis::redis::{self, AsyncConnectionConfig};
@@ -83,11 +83,44 @@ enum ClientError {
     Json(#[from] serde_json::Error),
 }
 
+/// The real time in µs, for the history. Read through rustix, which asks
+/// the kernel (its vDSO) without libc's `clock_gettime`: a client whose
+/// clock is skewed with libfaketime (an `LD_PRELOAD` of libc's functions)
+/// records real times, while the adapter it runs (tokio's `Instant`,
+/// `SystemTime`) reads the skewed clock. The clock file (see
+/// [`ClockProbe`]) lets the nemesis check both.
 fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+    (t.tv_sec as u64) * 1_000_000 + (t.tv_nsec as u64) / 1000
+}
+
+/// One reading of the three clocks a client has: the real time (see
+/// [`now_us`]), the wall clock its libc gives (`SystemTime`, skewed under
+/// libfaketime) and the monotonic clock the adapter's timers run on
+/// (`Instant`, as µs since the first probe).
+#[derive(Debug)]
+struct ClockProbe {
+    real_us: u64,
+    wall_us: u64,
+    monotonic_us: u64,
+}
+
+impl ClockProbe {
+    fn take(origin: Instant) -> ClockProbe {
+        ClockProbe {
+            real_us: now_us(),
+            wall_us: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0),
+            monotonic_us: origin.elapsed().as_micros() as u64,
+        }
+    }
+
+    /// `real wall monotonic`, one line.
+    fn line(&self) -> String {
+        format!("{} {} {}\n", self.real_us, self.wall_us, self.monotonic_us)
+    }
 }
 
 enum Handle {
@@ -183,6 +216,22 @@ impl Client {
             Err(e) => {
                 self.connection = None;
                 (Outcome::Indeterminate, e.to_string())
+            }
+        }
+    }
+
+    /// Tells the nemesis (on the resource's marks list) that iteration
+    /// `seq` begins its last step. Best effort: a mark lost is a fault not
+    /// aimed, nothing more.
+    async fn mark(&mut self, seq: u64) {
+        if let Some(connection) = self.connection.as_mut() {
+            let pushed: Result<i64, _> = redis::cmd("RPUSH")
+                .arg(marks_key(&self.args.lock))
+                .arg(format!("{}|{seq}", self.args.id))
+                .query_async(connection)
+                .await;
+            if pushed.is_err() {
+                self.connection = None;
             }
         }
     }
@@ -289,7 +338,12 @@ async fn run(args: Args) -> Result<(), ClientError> {
         ttl,
         args,
     };
-    let deadline = Instant::now() + Duration::from_millis(client.args.duration_ms);
+    // The clock file: a probe at the start and one at the end, from which
+    // the nemesis reads each client's skew and rate.
+    let origin = Instant::now();
+    let clock_path = client.args.out.with_extension("clock");
+    std::fs::write(&clock_path, ClockProbe::take(origin).line())?;
+    let deadline = origin + Duration::from_millis(client.args.duration_ms);
     let ttl_ms = client.ttl.as_millis() as u64;
     let mut seq = 0;
     while Instant::now() < deadline {
@@ -354,6 +408,7 @@ async fn run(args: Args) -> Result<(), ClientError> {
             abandoned = Some(format!("{:?} left, too short", guard.remaining()));
         }
         if abandoned.is_none() {
+            client.mark(seq).await;
             if mutation == Mutation::Overstate {
                 let until = guard.valid_until() + client.ttl / 5;
                 tokio::time::sleep_until(until.into()).await;
@@ -369,6 +424,9 @@ async fn run(args: Args) -> Result<(), ClientError> {
         }
         client.release(seq, guard, &handle).await?;
     }
+    // Over a run of seconds, a rate of 0.99 shows as tens of milliseconds.
+    let mut file = std::fs::OpenOptions::new().append(true).open(&clock_path)?;
+    file.write_all(ClockProbe::take(origin).line().as_bytes())?;
     Ok(())
 }
 
@@ -433,6 +491,27 @@ async fn supervise(program: String, argv: Vec<String>) -> Result<(), SuperviseEr
     }
 }
 
+/// `nemesis-client relay --control ADDR LISTEN=TARGET...`: the delaying
+/// relay of `delay` runs (see `lockwright_chaos::nemesis::relay`).
+fn relay_args(args: Vec<String>) -> Result<(Vec<relay::Route>, std::net::SocketAddr), String> {
+    let mut control = None;
+    let mut routes = Vec::new();
+    let mut words = args.into_iter();
+    while let Some(word) = words.next() {
+        if word == "--control" {
+            let addr = words.next().ok_or("--control needs an address")?;
+            control = Some(addr.parse().map_err(|e| format!("--control {addr}: {e}"))?);
+        } else {
+            routes.push(word.parse::<relay::Route>().map_err(|e| e.to_string())?);
+        }
+    }
+    match (control, routes.is_empty()) {
+        (Some(control), false) => Ok((routes, control)),
+        (None, _) => Err("--control ADDR is required".to_owned()),
+        (_, true) => Err("at least one route LISTEN=TARGET is required".to_owned()),
+    }
+}
+
 /// The supervisor's error.
 type SuperviseError = Box<dyn std::error::Error>;
 
@@ -448,7 +527,23 @@ fn main() -> ExitCode {
         }
     };
     let mut raw = std::env::args().skip(1);
-    if raw.next().as_deref() == Some("supervise") {
+    let first = raw.next();
+    if first.as_deref() == Some("relay") {
+        return match relay_args(raw.collect()) {
+            Ok((routes, control)) => match runtime.block_on(relay::serve(routes, control)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("nemesis-client relay: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => {
+                eprintln!("nemesis-client relay: {e}\nusage: nemesis-client relay --control ADDR LISTEN=TARGET...");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if first.as_deref() == Some("supervise") {
         let Some(program) = raw.next() else {
             eprintln!("nemesis-client supervise: PROGRAM ARGS... expected");
             return ExitCode::FAILURE;

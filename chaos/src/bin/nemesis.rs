@@ -55,7 +55,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,crash,pause,partition,restart,restart-persisted,clock-jump,failover"
+        default_value = "none,crash,pause,client-skew,clock-jump,clock-back,restart,failover,delay,partition,restart-delayed,restart-persisted,failover-clock-lag"
     )]
     faults: Vec<String>,
     /// Mutations to try, comma-separated.

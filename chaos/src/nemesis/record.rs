@@ -44,9 +44,9 @@ pub enum OpKind {
 
 /// One operation of one client, written as a JSON line.
 ///
-/// Times are microseconds since the Unix epoch on the client container's
-/// wall clock, which is the host kernel's clock (containers share it, and
-/// the clients run without libfaketime).
+/// Times are microseconds since the Unix epoch on the host kernel's clock
+/// (containers share it), which the client reads through the vDSO, past
+/// libfaketime, also when its own clock is skewed (`client-skew`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpRecord {
     /// The client's number.
@@ -168,6 +168,14 @@ return 0
 /// The resource's log key for lock `name`.
 pub fn log_key(name: &str) -> String {
     format!("nemesis:{name}:log")
+}
+
+/// The resource's list of marks for lock `name`: `client|seq`, pushed by a
+/// client as it begins the last step of its section (the modify step and
+/// the write, which run to their end once begun). Not part of the log the
+/// checker judges; the nemesis aims some faults at it.
+pub fn marks_key(name: &str) -> String {
+    format!("nemesis:{name}:marks")
 }
 
 /// The resource's highest-fence key for lock `name`.

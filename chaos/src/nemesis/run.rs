@@ -16,13 +16,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lockwright_core::catalogue::Kind;
 use lockwright_core::ProtocolId;
+use lockwright_model::fault::CLOCK_STEP_BACK;
 use lockwright_model::matrix::{expected, parse_expectations, Verdict, EXPECTATIONS};
 use lockwright_model::{Fault, PropertyId};
 use lockwright_redis::{Lock, LockOptions};
 use redis::AsyncConnectionConfig;
 
 use super::checker::{judge_with_pauses, progress, Judgement, Paused};
-use super::record::{log_key, LogEntry, OpKind, OpRecord, Outcome};
+use super::record::{log_key, marks_key, LogEntry, OpKind, OpRecord, Outcome};
 use super::{Mutation, Rng, UnknownName};
 use crate::clock::{FakeClock, OFFSET_FILE};
 use crate::docker::{docker, docker_blocking};
@@ -79,19 +80,53 @@ pub enum FaultClass {
     /// `redis-server` with SIGKILL; the Sentinels promote the replica.
     /// Once per run; single-master protocols only.
     Failover,
+    /// Client clocks disagree, as in the model: about half the clients
+    /// (at least one, seeded) run under libfaketime (`LD_PRELOAD` in their
+    /// container) with a clock half a TTL ahead that runs 1 % slow, the
+    /// adapter's timers (tokio's `Instant`) and wall clock alike. Their
+    /// records keep the real time (read through the vDSO); the nemesis
+    /// checks each client's offset and rate from its clock file.
+    ClientSkew,
+    /// As [`FaultClass::Restart`], and the node's clock comes back
+    /// [`CLOCK_STEP_BACK`] ms behind (libfaketime's offset set back before
+    /// the supervisor starts it again; the nemesis reads the node's `TIME`
+    /// to check). The steps add up.
+    ClockBack,
+    /// As [`FaultClass::Restart`], but the node stays down for 1.2 to 2
+    /// TTLs before the supervisor starts it again.
+    RestartDelayed,
+    /// As [`FaultClass::Failover`], with the replica's `redis-server` under
+    /// libfaketime, its clock [`CLOCK_STEP_BACK`] ms behind its master's
+    /// from the start (the nemesis reads its `TIME` to check). Redis 7
+    /// replicates a relative expiry as an absolute one (`PXAT`), so the
+    /// promoted replica keeps each key that much longer.
+    FailoverClockLag,
+    /// A delaying TCP relay (`nemesis-client relay`, a container of its
+    /// own) sits between the clients and every node. As a client enters
+    /// its section, the nemesis has the relay hold the next request (three
+    /// times in four) or reply that client sends or gets for 1.2 to 2 TTLs:
+    /// the client times out, retires the connection and goes on over a new
+    /// one, which is not held, and the held request still reaches the node
+    /// afterwards. The relay reports each hold it really made.
+    Delay,
 }
 
 impl FaultClass {
     /// Every class.
-    pub const ALL: [FaultClass; 8] = [
+    pub const ALL: [FaultClass; 13] = [
         FaultClass::None,
         FaultClass::Crash,
         FaultClass::Pause,
-        FaultClass::Partition,
-        FaultClass::Restart,
-        FaultClass::RestartPersisted,
+        FaultClass::ClientSkew,
         FaultClass::ClockJump,
+        FaultClass::ClockBack,
+        FaultClass::Restart,
         FaultClass::Failover,
+        FaultClass::Delay,
+        FaultClass::Partition,
+        FaultClass::RestartDelayed,
+        FaultClass::RestartPersisted,
+        FaultClass::FailoverClockLag,
     ];
 
     /// The name in tables and on the command line.
@@ -105,13 +140,34 @@ impl FaultClass {
             FaultClass::RestartPersisted => "restart-persisted",
             FaultClass::ClockJump => "clock-jump",
             FaultClass::Failover => "failover",
+            FaultClass::ClientSkew => "client-skew",
+            FaultClass::ClockBack => "clock-back",
+            FaultClass::RestartDelayed => "restart-delayed",
+            FaultClass::FailoverClockLag => "failover-clock-lag",
+            FaultClass::Delay => "delay",
         }
     }
 
     /// Can a run of `protocol` have this fault? A failover needs a single
     /// master (a Sentinel group watches one), so not RedLock.
     pub fn applies_to(self, protocol: ProtocolId) -> bool {
-        self != FaultClass::Failover || protocol != ProtocolId::Redlock
+        !self.is_failover() || protocol != ProtocolId::Redlock
+    }
+
+    /// A Sentinel failover (with or without the replica's clock lag)?
+    pub fn is_failover(self) -> bool {
+        matches!(self, FaultClass::Failover | FaultClass::FailoverClockLag)
+    }
+
+    /// A kill -9 of a node's `redis-server` and its start again?
+    pub fn is_restart(self) -> bool {
+        matches!(
+            self,
+            FaultClass::Restart
+                | FaultClass::RestartPersisted
+                | FaultClass::RestartDelayed
+                | FaultClass::ClockBack
+        )
     }
 
     /// The model's column this class is compared with. The model's
@@ -129,6 +185,11 @@ impl FaultClass {
             FaultClass::RestartPersisted => Fault::RestartPersisted,
             FaultClass::ClockJump => Fault::ClockJump,
             FaultClass::Failover => Fault::Failover,
+            FaultClass::ClientSkew => Fault::ClientSkew,
+            FaultClass::ClockBack => Fault::ClockBack,
+            FaultClass::RestartDelayed => Fault::RestartDelayed,
+            FaultClass::FailoverClockLag => Fault::FailoverClockLag,
+            FaultClass::Delay => Fault::Delay,
         }
     }
 }
@@ -220,14 +281,26 @@ pub enum Observed {
 impl RunReport {
     /// The nemesis' observation of `property`. Mutual exclusion and the
     /// fenced resource are read from the resource's log; owner-only is
-    /// judged only under pauses, as an overlap of two unpaused sections;
-    /// progress only without faults and after a crash, over the healthy
-    /// stretch that follows (see [`progress`]).
+    /// judged only for locks under pauses and delays, as an overlap of two
+    /// unpaused sections while the other holder's lease certainly stood;
+    /// progress over the healthy stretch from two TTLs after the start (no
+    /// fault, client skew), the crash or the end of the last fault to the
+    /// clients' deadline, where that stretch is at least the patience (see
+    /// [`progress`]; a healing fault leaves one only in runs of 16 TTLs or
+    /// more).
     pub fn observed(&self, property: PropertyId) -> Observed {
         let check = match property {
             PropertyId::MutualExclusion => "mutual-exclusion",
             PropertyId::FencedResource if !self.config.is_semaphore() => "fenced-resource",
-            PropertyId::OwnerOnly if self.config.fault == FaultClass::Pause => "unpaused-overlap",
+            // Locks only: a semaphore over its limit with every lease
+            // standing may be an admission race (mutual exclusion), not a
+            // removal of another's entry.
+            PropertyId::OwnerOnly
+                if !self.config.is_semaphore()
+                    && matches!(self.config.fault, FaultClass::Pause | FaultClass::Delay) =>
+            {
+                "unpaused-overlap"
+            }
             PropertyId::Progress if self.progress_judged => "progress",
             _ => return Observed::NotJudged,
         };
@@ -705,6 +778,7 @@ async fn start_sentinel_group(
     image: &str,
     redis_image: &str,
     master_ip: &str,
+    replica_clock: Option<&FakeClock>,
 ) -> Result<SentinelGroup, ChaosError> {
     let replica_ip = topology.ip(20);
     let replica_args = NodeOptions {
@@ -716,7 +790,9 @@ async fn start_sentinel_group(
         ..NodeOptions::default()
     }
     .redis_args();
-    let mut args = vec![image, "supervise", REDIS_SERVER_PATH];
+    let faked = replica_clock.map(faketime_args).unwrap_or_default();
+    let mut args: Vec<&str> = faked.iter().map(String::as_str).collect();
+    args.extend_from_slice(&[image, "supervise", REDIS_SERVER_PATH]);
     args.extend(replica_args.iter().map(String::as_str));
     topology
         .run_container(&format!("{}-replica", topology.prefix), &replica_ip, &args)
@@ -809,6 +885,207 @@ async fn start_sentinel_group(
     Ok(SentinelGroup { replica_ip, urls })
 }
 
+/// The `docker run` arguments that run a node's `redis-server` (not its
+/// supervisor) under libfaketime, reading `clock`'s offset file on every
+/// clock call.
+fn faketime_args(clock: &FakeClock) -> Vec<String> {
+    vec![
+        "-e".to_owned(),
+        format!("SUPERVISE_LD_PRELOAD={LIBFAKETIME}"),
+        "-e".to_owned(),
+        format!("FAKETIME_TIMESTAMP_FILE={FAKETIME_DIR}/{OFFSET_FILE}"),
+        "-e".to_owned(),
+        "FAKETIME_NO_CACHE=1".to_owned(),
+        "-v".to_owned(),
+        format!("{}:{FAKETIME_DIR}", clock.dir().to_string_lossy()),
+    ]
+}
+
+/// How far the clock of the node at `url` reads behind the host's, in ms
+/// (negative: ahead), from its `TIME`. The host's time is taken after the
+/// reply, so the round trip only adds to the reading.
+async fn clock_behind_ms(url: &str) -> Result<i64, ChaosError> {
+    let (secs, micros): (u64, u64) = query_once(url, redis::cmd("TIME")).await?;
+    let node_ms = (secs * 1000 + micros / 1000) as i64;
+    Ok((now_us() / 1000) as i64 - node_ms)
+}
+
+/// `" as client C begins its last step"`, or nothing (an unaimed fault).
+fn last_step(client: Option<u32>) -> String {
+    client
+        .map(|c| format!(" as client {c} begins its last step"))
+        .unwrap_or_default()
+}
+
+/// The rate of a skewed client's clock (the model's: 1 % slow).
+pub const SKEW_RATE: f64 = 0.99;
+
+/// Checks every client's clock file (`real wall monotonic` at its start
+/// and its end, see `nemesis-client`): a client in `skewed` must read its
+/// wall clock half a TTL ahead of the real time (50 ms and 1 % of the
+/// elapsed time allowed) and its monotonic clock must run at
+/// [`SKEW_RATE`] of the real time (±0.3 %); every other client's at 1
+/// (±0.3 %). Returns one line per skewed client, for the fault list.
+fn check_skew(dir: &Path, config: &RunConfig, skewed: &[usize]) -> Result<Vec<String>, ChaosError> {
+    let mut lines = Vec::new();
+    for index in 0..config.clients {
+        let path = dir.join(format!("client-{index}.clock"));
+        let text = std::fs::read_to_string(&path)?;
+        let probes: Vec<[f64; 3]> = text
+            .lines()
+            .map(|line| {
+                let words: Vec<f64> = line
+                    .split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect();
+                <[f64; 3]>::try_from(words)
+                    .map_err(|_| ChaosError::UnexpectedReply(format!("{}: {line}", path.display())))
+            })
+            .collect::<Result<_, _>>()?;
+        let [start, end] = probes[..] else {
+            return Err(ChaosError::UnexpectedReply(format!(
+                "{}: two probes expected, found {}",
+                path.display(),
+                probes.len()
+            )));
+        };
+        let real = end[0] - start[0];
+        let rate = (end[2] - start[2]) / real.max(1.0);
+        let ahead_ms = (start[1] - start[0]) / 1000.0;
+        let is_skewed = skewed.contains(&index);
+        let (want_rate, want_ahead) = if is_skewed {
+            (SKEW_RATE, config.ttl_ms as f64 / 2.0)
+        } else {
+            (1.0, 0.0)
+        };
+        if (rate - want_rate).abs() > 0.003
+            || (ahead_ms - want_ahead).abs() > 50.0 + real / 100_000.0
+        {
+            return Err(ChaosError::Harness(format!(
+                "client {index}'s clock reads {ahead_ms:.0} ms ahead at rate {rate:.4}, \
+                 expected {want_ahead:.0} ms at {want_rate} (libfaketime not in effect?)"
+            )));
+        }
+        if is_skewed {
+            lines.push(format!(
+                "client {index} clock {ahead_ms:+.0} ms, rate {rate:.4} over {:.1} s",
+                real / 1e6
+            ));
+        }
+    }
+    Ok(lines)
+}
+
+/// The relay's control port (see [`super::relay`]).
+pub const RELAY_CONTROL_PORT: u16 = 7000;
+
+/// The relay's port for node `index`.
+fn relay_port(index: usize) -> u16 {
+    REDIS_PORT + 1 + index as u16
+}
+
+/// The nemesis' end of the relay's control connection.
+struct RelayControl {
+    ip: String,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl RelayControl {
+    async fn connect(ip: &str) -> Result<RelayControl, ChaosError> {
+        use tokio::io::AsyncBufReadExt;
+        let stream = tokio::net::TcpStream::connect((ip, RELAY_CONTROL_PORT)).await?;
+        let (read, writer) = stream.into_split();
+        Ok(RelayControl {
+            ip: ip.to_owned(),
+            lines: tokio::io::BufReader::new(read).lines(),
+            writer,
+        })
+    }
+
+    async fn send(&mut self, line: &str) -> Result<(), ChaosError> {
+        use tokio::io::AsyncWriteExt;
+        self.writer
+            .write_all(format!("{line}\n").as_bytes())
+            .await?;
+        Ok(())
+    }
+
+    /// The next line, within `timeout` (`None`: none came).
+    async fn next(&mut self, timeout: Duration) -> Result<Option<String>, ChaosError> {
+        match tokio::time::timeout(timeout, self.lines.next_line()).await {
+            Err(_) => Ok(None),
+            Ok(Ok(Some(line))) => Ok(Some(line)),
+            Ok(Ok(None)) => Err(ChaosError::Harness(
+                "the relay closed its control connection".to_owned(),
+            )),
+            Ok(Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// The next line, which must come within `timeout`.
+    async fn expect(&mut self, timeout: Duration) -> Result<String, ChaosError> {
+        self.next(timeout)
+            .await?
+            .ok_or_else(|| ChaosError::Timeout {
+                what: "the relay to answer".to_owned(),
+                after: timeout,
+            })
+    }
+
+    /// Has the relay hold the next request (`request`) or reply of the
+    /// client at `ip`, after `skip` more, for `ms`, if that client sends or gets one within
+    /// `within`; then waits until the held bytes went on. Returns the
+    /// relay's report, or `None` when nothing was held.
+    async fn hold(
+        &mut self,
+        ip: &str,
+        request: bool,
+        ms: u64,
+        skip: u64,
+        within: Duration,
+    ) -> Result<Option<String>, ChaosError> {
+        let direction = if request { "request" } else { "reply" };
+        self.send(&format!("hold {ip} {direction} {ms} {skip}"))
+            .await?;
+        let answer = self.expect(Duration::from_secs(5)).await?;
+        if answer != "armed" {
+            return Err(ChaosError::UnexpectedReply(format!("relay: {answer}")));
+        }
+        let mut held = self.next(within).await?;
+        let mut done = None;
+        if held.is_none() {
+            // Nothing came: disarm. A hold may fire just before the cancel;
+            // its lines then come before or around `cancelled`.
+            self.send("cancel").await?;
+            loop {
+                let line = self.expect(Duration::from_secs(5)).await?;
+                if line.starts_with("cancelled") {
+                    break;
+                } else if held.is_none() {
+                    held = Some(line);
+                } else {
+                    done = Some(line);
+                }
+            }
+        }
+        let Some(held) = held else {
+            return Ok(None);
+        };
+        if !held.starts_with("held ") {
+            return Err(ChaosError::UnexpectedReply(format!("relay: {held}")));
+        }
+        let done = match done {
+            Some(line) => line,
+            None => {
+                self.expect(Duration::from_millis(ms) + Duration::from_secs(10))
+                    .await?
+            }
+        };
+        Ok(Some(format!("{held}; {done}")))
+    }
+}
+
 /// The port the Sentinels listen on.
 const SENTINEL_PORT: u16 = 26379;
 
@@ -866,7 +1143,7 @@ async fn run_in(
     image: &str,
     topology: &mut Topology,
 ) -> Result<RunReport, ChaosError> {
-    if matches!(config.fault, FaultClass::Partition | FaultClass::Failover)
+    if (config.fault == FaultClass::Partition || config.fault.is_failover())
         && !bridged_traffic_filtered(
             std::fs::read_to_string(BRIDGE_NF_CALL_IPTABLES)
                 .ok()
@@ -908,11 +1185,10 @@ async fn run_in(
         .await?;
     let mut node_names = Vec::new();
     let mut node_ips = Vec::new();
-    // Under clock jumps every node's redis-server runs under libfaketime
+    // Under clock jumps and steps back every node's redis-server runs under libfaketime
     // with an offset file of its own (the supervisor and the clients do
     // not: the variables reach redis-server only).
     let mut clocks: Vec<FakeClock> = Vec::new();
-    let offset_file = format!("{FAKETIME_DIR}/{OFFSET_FILE}");
     for index in 0..config.nodes() {
         let name = format!("{}-node-{index}", topology.prefix);
         let ip = topology.ip(10 + index as u8);
@@ -920,18 +1196,9 @@ async fn run_in(
         // which kills it with SIGKILL and starts it again on signals from
         // the nemesis (see `FaultClass::Restart`).
         let mut faked = Vec::new();
-        if config.fault == FaultClass::ClockJump {
+        if matches!(config.fault, FaultClass::ClockJump | FaultClass::ClockBack) {
             let clock = FakeClock::new()?;
-            faked = vec![
-                "-e".to_owned(),
-                format!("SUPERVISE_LD_PRELOAD={LIBFAKETIME}"),
-                "-e".to_owned(),
-                format!("FAKETIME_TIMESTAMP_FILE={offset_file}"),
-                "-e".to_owned(),
-                "FAKETIME_NO_CACHE=1".to_owned(),
-                "-v".to_owned(),
-                format!("{}:{FAKETIME_DIR}", clock.dir().to_string_lossy()),
-            ];
+            faked = faketime_args(&clock);
             clocks.push(clock);
         }
         let mut args: Vec<&str> = faked.iter().map(String::as_str).collect();
@@ -943,7 +1210,7 @@ async fn run_in(
     }
     // The lock's key, for the check that a failover's aimed grant never
     // reached the replica (locks only; a semaphore keeps several keys).
-    let lock_key = if config.fault == FaultClass::Failover && !config.is_semaphore() {
+    let lock_key = if config.fault.is_failover() && !config.is_semaphore() {
         let template = redis::Client::open(format!("redis://{}:{REDIS_PORT}/", node_ips[0]))?;
         let options =
             LockOptions::new(config.protocol, Duration::from_millis(config.ttl_ms.max(1)));
@@ -953,14 +1220,42 @@ async fn run_in(
     } else {
         None
     };
-    let sentinels = if config.fault == FaultClass::Failover {
+    let mut faults = Vec::new();
+    let mut replica_clock: Option<FakeClock> = None;
+    let sentinels = if config.fault.is_failover() {
         if config.nodes() != 1 {
             return Err(ChaosError::Harness(format!(
                 "failover runs need a single-master protocol, not {}",
                 config.protocol.as_str()
             )));
         }
-        Some(start_sentinel_group(topology, image, &redis_image, &node_ips[0]).await?)
+        // Under `failover-clock-lag` the replica's clock is behind from the
+        // start.
+        if config.fault == FaultClass::FailoverClockLag {
+            let mut clock = FakeClock::new()?;
+            clock.set_offset_ms(-(CLOCK_STEP_BACK as i64))?;
+            replica_clock = Some(clock);
+        }
+        let group = start_sentinel_group(
+            topology,
+            image,
+            &redis_image,
+            &node_ips[0],
+            replica_clock.as_ref(),
+        )
+        .await?;
+        if replica_clock.is_some() {
+            let url = format!("redis://{}:{REDIS_PORT}/", group.replica_ip);
+            let behind = clock_behind_ms(&url).await?;
+            if behind + 50 < CLOCK_STEP_BACK as i64 {
+                return Err(ChaosError::Harness(format!(
+                    "the replica's clock is {behind} ms behind, not {CLOCK_STEP_BACK} \
+                     (libfaketime not in effect?)"
+                )));
+            }
+            faults.push(format!("replica clock {behind} ms behind its master's"));
+        }
+        Some(group)
     } else {
         None
     };
@@ -973,9 +1268,38 @@ async fn run_in(
         )
         .await?;
     }
+    // Under `delay` the clients reach every node through the relay: node
+    // `i` at the relay's port `REDIS_PORT + 1 + i`.
+    let mut relay = None;
+    if config.fault == FaultClass::Delay {
+        let relay_ip = topology.ip(40);
+        let routes: Vec<String> = node_ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| format!("0.0.0.0:{}={ip}:{REDIS_PORT}", relay_port(i)))
+            .collect();
+        let control = format!("0.0.0.0:{RELAY_CONTROL_PORT}");
+        let mut args = vec![image, "relay", "--control", &control];
+        args.extend(routes.iter().map(String::as_str));
+        topology
+            .run_container(&format!("{}-relay", topology.prefix), &relay_ip, &args)
+            .await?;
+        for i in 0..node_ips.len() {
+            redis_ready(
+                &format!("redis://{relay_ip}:{}/", relay_port(i)),
+                Duration::from_secs(20),
+            )
+            .await?;
+        }
+        relay = Some(RelayControl::connect(&relay_ip).await?);
+    }
     let nodes_arg = node_ips
         .iter()
-        .map(|ip| format!("redis://{ip}:{REDIS_PORT}/"))
+        .enumerate()
+        .map(|(i, ip)| match &relay {
+            Some(control) => format!("redis://{}:{}/", control.ip, relay_port(i)),
+            None => format!("redis://{ip}:{REDIS_PORT}/"),
+        })
         .collect::<Vec<_>>()
         .join(",");
     let out_mount = format!("{}:/out", topology.out_dir.to_string_lossy());
@@ -986,6 +1310,26 @@ async fn run_in(
         .unwrap_or_default();
     let mut client_names = Vec::new();
     let mut client_ips = Vec::new();
+    // Under `client-skew` about half the clients (at least one) run under
+    // libfaketime: half a TTL ahead, 1 % slow (the model's skew).
+    let skewed: Vec<usize> = if config.fault == FaultClass::ClientSkew {
+        let mut chosen =
+            Rng::new(config.seed ^ 0x5eed_c10c).choose(config.clients, (config.clients / 2).max(1));
+        chosen.sort_unstable();
+        chosen
+    } else {
+        Vec::new()
+    };
+    let skew_args = [
+        "-e".to_owned(),
+        format!("LD_PRELOAD={LIBFAKETIME}"),
+        "-e".to_owned(),
+        format!(
+            "FAKETIME=+{}.{:03} x{SKEW_RATE}",
+            config.ttl_ms / 2 / 1000,
+            config.ttl_ms / 2 % 1000
+        ),
+    ];
     for index in 0..config.clients {
         let name = format!("{}-client-{index}", topology.prefix);
         let ip = topology.ip(100 + index as u8);
@@ -996,39 +1340,36 @@ async fn run_in(
         let out = format!("/out/client-{index}.jsonl");
         let seed = config.seed.to_string();
         let protocol = config.protocol.as_str();
-        topology
-            .run_container(
-                &name,
-                &ip,
-                &[
-                    "-v",
-                    &out_mount,
-                    image,
-                    "--id",
-                    &id,
-                    "--protocol",
-                    protocol,
-                    "--nodes",
-                    &nodes_arg,
-                    "--resource",
-                    &resource_url,
-                    "--ttl-ms",
-                    &ttl,
-                    "--limit",
-                    &limit,
-                    "--duration-ms",
-                    &duration,
-                    "--mutation",
-                    config.mutation.as_str(),
-                    "--out",
-                    &out,
-                    "--seed",
-                    &seed,
-                    "--sentinels",
-                    &sentinels_arg,
-                ],
-            )
-            .await?;
+        let mut args: Vec<&str> = vec!["-v", &out_mount];
+        if skewed.contains(&index) {
+            args.extend(skew_args.iter().map(String::as_str));
+        }
+        args.extend_from_slice(&[
+            image,
+            "--id",
+            &id,
+            "--protocol",
+            protocol,
+            "--nodes",
+            &nodes_arg,
+            "--resource",
+            &resource_url,
+            "--ttl-ms",
+            &ttl,
+            "--limit",
+            &limit,
+            "--duration-ms",
+            &duration,
+            "--mutation",
+            config.mutation.as_str(),
+            "--out",
+            &out,
+            "--seed",
+            &seed,
+            "--sentinels",
+            &sentinels_arg,
+        ]);
+        topology.run_container(&name, &ip, &args).await?;
         client_names.push(name);
         client_ips.push(ip);
     }
@@ -1039,10 +1380,11 @@ async fn run_in(
     let started = Instant::now();
     let started_us = now_us();
     let end = started + config.duration;
-    let mut faults = Vec::new();
     let mut pauses: Vec<Paused> = Vec::new();
     let mut seen = 0usize;
-    let mut open_reads: BTreeMap<u32, u64> = BTreeMap::new();
+    // Each client inside its section: the iteration and when its read ran.
+    let mut open_reads: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    let mut seen_marks = 0usize;
     let mut last_write: Option<u32> = None;
     let mut newest_read: Option<u32> = None;
     // The client killed for good, and when (crash runs).
@@ -1055,19 +1397,26 @@ async fn run_in(
     // A failover's first step (the replication cut) comes after a second:
     // its kill waits for a grant made after the cut.
     let mut next_fault = started
-        + Duration::from_millis(if config.fault == FaultClass::Failover {
+        + Duration::from_millis(if config.fault.is_failover() {
             1000
         } else {
             rng.range(ttl / 2, ttl)
         });
     let key = log_key(LOCK_NAME);
     // The failover waits a TTL after its cut before it kills, so its loop
-    // runs almost to the end; the other faults stop two TTLs before it.
-    let faults_end = if config.fault == FaultClass::Failover {
+    // runs almost to the end; the other faults stop two TTLs before it, or
+    // in a run of at least 16 TTLs nine before it, so that after the last
+    // one heals (a partition lasts up to three) a healthy stretch of two
+    // TTLs to settle and the progress patience of four remains.
+    let faults_end = if config.fault.is_failover() {
         end - Duration::from_millis(ttl / 2)
+    } else if config.duration >= Duration::from_millis(ttl * 16) {
+        end - Duration::from_millis(ttl * 9)
     } else {
         end - Duration::from_millis(ttl * 2)
     };
+    // When the last fault was over.
+    let mut healed_us = started_us;
     while Instant::now() < faults_end {
         // Follow the resource's log: who is inside, who just left.
         let fresh: Vec<String> = redis::cmd("LRANGE")
@@ -1081,7 +1430,7 @@ async fn run_in(
         let mut read_now: Option<(u32, u64)> = None;
         for entry in fresh.iter().filter_map(|text| LogEntry::parse(text)) {
             if entry.op == OpKind::Read {
-                open_reads.insert(entry.client, entry.seq);
+                open_reads.insert(entry.client, (entry.seq, entry.at_us));
                 newest_read = Some(entry.client);
                 read_now = Some((entry.client, entry.at_us));
             } else {
@@ -1089,32 +1438,100 @@ async fn run_in(
                 last_write = Some(entry.client);
             }
         }
+        // And the marks: who has just begun the last step of its section.
+        let marks: Vec<String> = redis::cmd("LRANGE")
+            .arg(marks_key(LOCK_NAME))
+            .arg(seen_marks)
+            .arg(-1)
+            .query_async(&mut resource)
+            .await
+            .unwrap_or_default();
+        seen_marks += marks.len();
+        let mut modifying_now: Option<(u32, u64)> = None;
+        for mark in &marks {
+            let Some((client, seq)) = mark.split_once('|') else {
+                continue;
+            };
+            let (Ok(client), Ok(seq)) = (client.parse::<u32>(), seq.parse::<u64>()) else {
+                continue;
+            };
+            if let Some(&(open_seq, read_at)) = open_reads.get(&client) {
+                if open_seq == seq {
+                    modifying_now = Some((client, read_at));
+                }
+            }
+        }
         if Instant::now() < next_fault {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        // Partitions, restarts and clock jumps are aimed at a holder that
-        // has just entered its section (its read is in this poll of the
-        // log): the nemesis waits up to a TTL for one, so that the fault
-        // lands with the section still ahead of it.
-        let entered = read_now
-            .map(|(client, _)| client)
-            .filter(|c| open_reads.contains_key(c));
-        let aimed = matches!(
-            config.fault,
-            FaultClass::Partition
-                | FaultClass::Crash
-                | FaultClass::Restart
-                | FaultClass::RestartPersisted
-                | FaultClass::ClockJump
-        );
-        if aimed && entered.is_none() && Instant::now() < next_fault + Duration::from_millis(ttl) {
+        // Crashes, partitions and delays are aimed at a holder that has
+        // just entered its section (its read is in this poll of the log),
+        // so that the fault lands with the section still ahead of it; the
+        // faults that make a node forget or expire the hold (restarts,
+        // clock jumps) at a holder that has just begun the last step of its
+        // section (its mark), which runs to its end once begun: a holder
+        // that renews would otherwise see its lease gone at its next
+        // renewal and leave before its write. The nemesis waits up to a
+        // TTL for a read, two for a mark.
+        let at_mark = config.fault.is_restart() || config.fault == FaultClass::ClockJump;
+        let entered = if at_mark {
+            modifying_now.map(|(client, _)| client)
+        } else {
+            read_now
+                .map(|(client, _)| client)
+                .filter(|c| open_reads.contains_key(c))
+        };
+        let aimed = at_mark
+            || matches!(
+                config.fault,
+                FaultClass::Partition | FaultClass::Crash | FaultClass::Delay
+            );
+        let patience = Duration::from_millis(if at_mark { ttl * 2 } else { ttl });
+        if aimed && entered.is_none() && Instant::now() < next_fault + patience {
             tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
         }
         match config.fault {
-            FaultClass::None => {
+            // The skew is the clients' from their start (checked from
+            // their clock files once they are done).
+            FaultClass::None | FaultClass::ClientSkew => {
                 next_fault = end;
+            }
+            FaultClass::Delay => {
+                let Some(control) = relay.as_mut() else {
+                    return Err(ChaosError::Harness("no relay".to_owned()));
+                };
+                let target = entered
+                    .map(|c| c as usize)
+                    .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
+                let request = rng.range(0, 3) != 0;
+                // Half the holds let one request pass first: the second
+                // request of a release (the `DEL` after a `GET`).
+                let skip = rng.range(0, 1);
+                let hold = rng.range(ttl * 6 / 5, ttl * 2);
+                let held = control
+                    .hold(
+                        &client_ips[target],
+                        request,
+                        hold,
+                        skip,
+                        Duration::from_millis(ttl * 2),
+                    )
+                    .await?;
+                if let Some(text) = held {
+                    faults.push(format!(
+                        "delay {}{} of client {target}{} {hold} ms: {text}",
+                        if skip == 1 { "second " } else { "" },
+                        if request { "request" } else { "reply" },
+                        if entered.is_some() {
+                            " (inside its section)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
             }
             FaultClass::Crash => {
                 let target = entered
@@ -1206,7 +1623,7 @@ async fn run_in(
                 faults.push(format!("partition {} {hold} ms", text.join(",")));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
             }
-            FaultClass::Failover => {
+            FaultClass::Failover | FaultClass::FailoverClockLag => {
                 let Some(group) = &sentinels else {
                     return Err(ChaosError::Harness("no Sentinel group".to_owned()));
                 };
@@ -1229,13 +1646,13 @@ async fn run_in(
                         // and every lease granted by then has run out a TTL
                         // later: a grant made after that is certainly not
                         // on the replica, and no older one stands in its
-                        // way there. Kill the master as a client enters its
-                        // section on such a grant.
+                        // way there. Kill the master as a client that entered
+                        // its section on such a grant begins its last step
+                        // (its mark), which runs to its end once begun.
                         let stale_until = cut + (ttl + 100) * 1000;
-                        let fresh = read_now
-                            .filter(|(c, at)| *at > stale_until && open_reads.contains_key(c));
+                        let fresh = modifying_now.filter(|(_, read_at)| *read_at > stale_until);
                         let waited = now_us().saturating_sub(cut) / 1000;
-                        if fresh.is_none() && waited < ttl * 2 + 100 {
+                        if fresh.is_none() && waited < ttl * 3 {
                             tokio::time::sleep(Duration::from_millis(2)).await;
                             continue;
                         }
@@ -1267,7 +1684,7 @@ async fn run_in(
                             "SIGKILL master node 0 {waited} ms after the cut{}; \
                              the Sentinels named the replica after {} ms",
                             match fresh {
-                                Some((client, _)) => format!(", client {client} inside"),
+                                Some((client, _)) => last_step(Some(client)),
                                 None => String::new(),
                             },
                             killed.elapsed().as_millis()
@@ -1296,32 +1713,65 @@ async fn run_in(
                     )));
                 }
                 faults.push(format!(
-                    "clock of node {node} jumps +{jump} ms (offset {} ms)",
-                    clocks[node].offset_ms()
+                    "clock of node {node} jumps +{jump} ms (offset {} ms){}",
+                    clocks[node].offset_ms(),
+                    last_step(entered)
                 ));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
             }
-            FaultClass::Restart | FaultClass::RestartPersisted => {
+            FaultClass::Restart
+            | FaultClass::RestartPersisted
+            | FaultClass::RestartDelayed
+            | FaultClass::ClockBack => {
                 let node = rng.range(0, config.nodes() as u64 - 1) as usize;
-                let down = rng.range(0, 100);
+                let down = if config.fault == FaultClass::RestartDelayed {
+                    rng.range(ttl * 6 / 5, ttl * 2)
+                } else {
+                    rng.range(0, 100)
+                };
                 let url = format!("redis://{}:{REDIS_PORT}/", node_ips[node]);
                 // SIGUSR1: the supervisor kills redis-server with SIGKILL.
                 docker(&["kill", "--signal", "USR1", &node_names[node]]).await?;
                 redis_gone(&url, Duration::from_secs(5)).await?;
                 tokio::time::sleep(Duration::from_millis(down)).await;
+                // Under `clock-back` the node's clock comes back behind by
+                // more than the restart took.
+                if config.fault == FaultClass::ClockBack {
+                    let offset = clocks[node].offset_ms() - CLOCK_STEP_BACK as i64;
+                    clocks[node].set_offset_ms(offset)?;
+                }
                 // SIGUSR2: the supervisor starts it again.
                 docker(&["kill", "--signal", "USR2", &node_names[node]]).await?;
                 redis_ready(&url, Duration::from_secs(20)).await?;
-                faults.push(format!("kill -9 node {node}, down {down} ms"));
+                let mut text = format!("kill -9 node {node}{}, down {down} ms", last_step(entered));
+                if config.fault == FaultClass::ClockBack {
+                    let behind = clock_behind_ms(&url).await?;
+                    let offset = clocks[node].offset_ms();
+                    if behind + 50 < -offset {
+                        return Err(ChaosError::Harness(format!(
+                            "node {node}'s clock reads {behind} ms behind after its restart, \
+                             not {} (libfaketime not in effect?)",
+                            -offset
+                        )));
+                    }
+                    text.push_str(&format!(", its clock back {behind} ms"));
+                }
+                faults.push(text);
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
             }
         }
+        // Every fault above is over (healed, or for good) when its arm
+        // ends: the healthy stretch starts after the last one.
+        healed_us = now_us();
     }
 
     // A run whose fault never happened shows nothing about the fault.
     let happened = match config.fault {
-        FaultClass::None => true,
-        FaultClass::Failover => faults.iter().any(|f| f.starts_with("SIGKILL master")),
+        // The skew is checked once the clients are done.
+        FaultClass::None | FaultClass::ClientSkew => true,
+        FaultClass::Failover | FaultClass::FailoverClockLag => {
+            faults.iter().any(|f| f.starts_with("SIGKILL master"))
+        }
         FaultClass::Crash => crashed.is_some(),
         _ => !faults.is_empty(),
     };
@@ -1357,6 +1807,9 @@ async fn run_in(
             )));
         }
     }
+    if config.fault == FaultClass::ClientSkew {
+        faults.extend(check_skew(&topology.out_dir, config, &skewed)?);
+    }
     let texts: Vec<String> = redis::cmd("LRANGE")
         .arg(&key)
         .arg(0)
@@ -1390,12 +1843,15 @@ async fn run_in(
         config.ttl_ms * 1000,
     );
     // Progress, where the run has a healthy stretch: from two TTLs after
-    // the start (no fault) or after the crash, to the clients' deadline.
+    // the start (no fault, or the clients' skew, which is no outage), after
+    // the crash, or after the last fault was over, to the clients'
+    // deadline. Judged where that stretch is at least the patience.
     let ttl_us = config.ttl_ms * 1000;
     let healthy_from = match (config.fault, crashed) {
-        (FaultClass::None, _) => Some(started_us + 2 * ttl_us),
+        (FaultClass::None | FaultClass::ClientSkew, _) => Some(started_us + 2 * ttl_us),
         (FaultClass::Crash, Some((_, at))) => Some(at + 2 * ttl_us),
-        _ => None,
+        (FaultClass::Crash, None) => None,
+        _ => Some(healed_us + 2 * ttl_us),
     };
     let patience_us = PROGRESS_PATIENCE_TTLS * ttl_us;
     let to = started_us + config.duration.as_micros() as u64;
@@ -1426,6 +1882,20 @@ async fn run_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_model_fault_has_one_nemesis_class() {
+        let mut columns: Vec<Fault> = FaultClass::ALL.iter().map(|f| f.model_fault()).collect();
+        for class in FaultClass::ALL {
+            assert_eq!(class.as_str().parse::<FaultClass>(), Ok(class));
+            assert_eq!(class.as_str(), class.model_fault().as_str());
+        }
+        columns.sort_by_key(|f| f.as_str());
+        columns.dedup();
+        assert_eq!(columns.len(), Fault::ALL.len());
+        assert!(!FaultClass::FailoverClockLag.applies_to(ProtocolId::Redlock));
+        assert!(FaultClass::Delay.applies_to(ProtocolId::Redlock));
+    }
 
     #[test]
     fn a_partition_needs_bridged_traffic_to_pass_iptables() {
