@@ -253,8 +253,9 @@ pub enum ChaosError {
         /// Why.
         source: std::io::Error,
     },
-    /// A replay's harness failed; the text names the cell or path.
-    #[error("replay of {0}")]
+    /// The harness (a replay's or the nemesis') failed; the text names the
+    /// cell, path or step.
+    #[error("harness: {0}")]
     Harness(String),
     /// A reply that the infrastructure did not expect.
     #[error("unexpected reply: {0}")]

@@ -104,7 +104,7 @@ async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
         eprintln!("{}", progress_line(started.elapsed(), &report));
         reports.push(report);
     }
-    // Runs of 16 TTLs: the faults stop nine TTLs before the end, and
+    // Runs of 16 TTLs: the faults stop eleven TTLs before the end, and
     // progress is judged over the healthy stretch after the last one.
     let long = Settings {
         run_duration: Duration::from_secs(16),

@@ -255,6 +255,46 @@ pub fn rows(reports: &[RunReport]) -> Vec<Row> {
     rows.into_values().collect()
 }
 
+/// The cells of the runs' (protocol, fault) pairs that the model says are
+/// violated and that the nemesis did not judge in any run (owner-only
+/// outside pauses and delays, progress where no healthy stretch was long
+/// enough, the fenced resource of a semaphore), as a paragraph for the
+/// table's reader; empty when there are none.
+pub fn unjudged(reports: &[RunReport]) -> String {
+    let mut cells: BTreeMap<(String, &'static str, &'static str), ()> = BTreeMap::new();
+    for report in reports {
+        let config = &report.config;
+        for property in JUDGED {
+            let never = reports
+                .iter()
+                .filter(|r| r.config.protocol == config.protocol && r.config.fault == config.fault)
+                .all(|r| r.observed(property) == Observed::NotJudged);
+            if never && model_verdict(config.protocol, config.fault, property) == Verdict::Violated
+            {
+                cells.insert(
+                    (
+                        config.protocol.as_str().to_owned(),
+                        config.fault.as_str(),
+                        property.as_str(),
+                    ),
+                    (),
+                );
+            }
+        }
+    }
+    if cells.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = cells
+        .keys()
+        .map(|(p, f, q)| format!("{p} × {f} × {q}"))
+        .collect();
+    format!(
+        "Violated in the model, not judged by these runs: {}.\n",
+        list.join(", ")
+    )
+}
+
 /// A mutation's outcome.
 #[derive(Clone, Debug)]
 pub struct MutationRow {

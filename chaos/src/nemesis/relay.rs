@@ -110,8 +110,10 @@ impl Table {
     }
 
     /// Removes and returns the first hold armed for `(ip, direction)`,
-    /// unless it still has chunks to let pass (then counts this one).
-    fn take(&self, ip: IpAddr, direction: Direction) -> Option<Hold> {
+    /// unless it still has chunks to let pass (then counts this one). The
+    /// `held` event (route `index`, `bytes`) is sent before the table is
+    /// unlocked, so that a `cancel` answered after it cannot overtake it.
+    fn take(&self, ip: IpAddr, direction: Direction, index: usize, bytes: usize) -> Option<Hold> {
         let mut holds = self.lock();
         let at = holds
             .iter()
@@ -120,7 +122,11 @@ impl Table {
             holds[at].skip -= 1;
             return None;
         }
-        Some(holds.remove(at))
+        let hold = holds.remove(at);
+        let _ = hold
+            .events
+            .send(format!("held {index} {bytes} {}", hold.ms));
+        Some(hold)
     }
 
     /// Removes the armed holds of `owner`; returns how many.
@@ -267,9 +273,8 @@ async fn pump(
         if !open {
             continue;
         }
-        let hold = table.take(ip, direction);
+        let hold = table.take(ip, direction, index, n);
         if let Some(hold) = &hold {
-            let _ = hold.events.send(format!("held {index} {n} {}", hold.ms));
             tokio::time::sleep(Duration::from_millis(hold.ms)).await;
         }
         let written = to.write_all(&buffer[..n]).await;

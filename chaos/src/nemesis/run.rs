@@ -96,10 +96,11 @@ pub enum FaultClass {
     /// TTLs before the supervisor starts it again.
     RestartDelayed,
     /// As [`FaultClass::Failover`], with the replica's `redis-server` under
-    /// libfaketime, its clock [`CLOCK_STEP_BACK`] ms behind its master's
-    /// from the start (the nemesis reads its `TIME` to check). Redis 7
-    /// replicates a relative expiry as an absolute one (`PXAT`), so the
-    /// promoted replica keeps each key that much longer.
+    /// libfaketime, its clock [`FAILOVER_CLOCK_LAG_MS`] behind its master's
+    /// from the start (the nemesis reads its `TIME` to check), more than
+    /// the promotion takes. Redis 7 replicates a relative expiry as an
+    /// absolute one (`PXAT`), so the promoted replica keeps each key that
+    /// much longer.
     FailoverClockLag,
     /// A delaying TCP relay (`nemesis-client relay`, a container of its
     /// own) sits between the clients and every node. As a client enters
@@ -910,6 +911,48 @@ async fn clock_behind_ms(url: &str) -> Result<i64, ChaosError> {
     Ok((now_us() / 1000) as i64 - node_ms)
 }
 
+/// RedLock: the lowest-numbered node of a holder whose token is on exactly
+/// a bare majority of the nodes (`GET` of the lock's key on each), or
+/// `None` (no such holder, or a node did not answer).
+async fn bare_majority_node(node_ips: &[String], key: &str) -> Option<usize> {
+    let mut holders: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (index, ip) in node_ips.iter().enumerate() {
+        let url = format!("redis://{ip}:{REDIS_PORT}/");
+        let mut get = redis::cmd("GET");
+        get.arg(key);
+        match query_once::<Option<String>>(&url, get).await {
+            Ok(Some(token)) => holders.entry(token).or_default().push(index),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+    }
+    let majority = node_ips.len() / 2 + 1;
+    holders
+        .into_values()
+        .find(|nodes| nodes.len() == majority)
+        .and_then(|nodes| nodes.first().copied())
+}
+
+/// Where a fault aimed at client `client`'s iteration `seq` landed, from
+/// the resource's log: before that iteration's write (the holder was still
+/// inside), after it, or in an iteration that never wrote.
+fn landed(log: &[LogEntry], client: u32, seq: u64, struck_us: u64) -> String {
+    let write = log
+        .iter()
+        .find(|e| e.client == client && e.seq == seq && e.op == OpKind::Write);
+    match write {
+        Some(w) if w.at_us > struck_us => format!(
+            " (landed inside: its write came {} ms later)",
+            (w.at_us - struck_us) / 1000
+        ),
+        Some(w) => format!(
+            " (landed after its write, by {} ms)",
+            (struck_us - w.at_us) / 1000
+        ),
+        None => " (that section never wrote)".to_owned(),
+    }
+}
+
 /// `" as client C begins its last step"`, or nothing (an unaimed fault).
 fn last_step(client: Option<u32>) -> String {
     client
@@ -917,28 +960,40 @@ fn last_step(client: Option<u32>) -> String {
         .unwrap_or_default()
 }
 
+/// The note on a RedLock node fault that found no holder to aim at.
+const NO_BARE_MAJORITY: &str =
+    " (unaimed: no holder's token was on exactly a bare majority of the nodes within two TTLs)";
+
+/// How far the replica's clock lags its master's under
+/// `failover-clock-lag`. The model's lag is 500 ms with a promotion of
+/// 1 ms: the promoted node's clock reads less than the old master's did.
+/// A real promotion takes 1.4 to 1.5 s here, so the lag must be longer than
+/// that for the same to hold.
+pub const FAILOVER_CLOCK_LAG_MS: u64 = 3000;
+
 /// The rate of a skewed client's clock (the model's: 1 % slow).
 pub const SKEW_RATE: f64 = 0.99;
 
-/// Checks every client's clock file (`real wall monotonic` at its start
-/// and its end, see `nemesis-client`): a client in `skewed` must read its
-/// wall clock half a TTL ahead of the real time (50 ms and 1 % of the
-/// elapsed time allowed) and its monotonic clock must run at
-/// [`SKEW_RATE`] of the real time (±0.3 %); every other client's at 1
-/// (±0.3 %). Returns one line per skewed client, for the fault list.
+/// Checks every client's clock file (`real wall monotonic width` at its
+/// start and its end, see `nemesis-client`): a client in `skewed` must read
+/// its wall clock half a TTL ahead of the real time (±50 ms) and its
+/// monotonic clock must run at [`SKEW_RATE`] of the real time; every other
+/// client's at 1. The rate may be off by 0.1 % plus the two readings'
+/// widths over the time between them. Returns one line per skewed client,
+/// for the fault list.
 fn check_skew(dir: &Path, config: &RunConfig, skewed: &[usize]) -> Result<Vec<String>, ChaosError> {
     let mut lines = Vec::new();
     for index in 0..config.clients {
         let path = dir.join(format!("client-{index}.clock"));
         let text = std::fs::read_to_string(&path)?;
-        let probes: Vec<[f64; 3]> = text
+        let probes: Vec<[f64; 4]> = text
             .lines()
             .map(|line| {
                 let words: Vec<f64> = line
                     .split_whitespace()
                     .filter_map(|w| w.parse().ok())
                     .collect();
-                <[f64; 3]>::try_from(words)
+                <[f64; 4]>::try_from(words)
                     .map_err(|_| ChaosError::UnexpectedReply(format!("{}: {line}", path.display())))
             })
             .collect::<Result<_, _>>()?;
@@ -949,8 +1004,9 @@ fn check_skew(dir: &Path, config: &RunConfig, skewed: &[usize]) -> Result<Vec<St
                 probes.len()
             )));
         };
-        let real = end[0] - start[0];
-        let rate = (end[2] - start[2]) / real.max(1.0);
+        let real = (end[0] - start[0]).max(1.0);
+        let rate = (end[2] - start[2]) / real;
+        let rate_slack = 0.001 + (start[3] + end[3]) / real;
         let ahead_ms = (start[1] - start[0]) / 1000.0;
         let is_skewed = skewed.contains(&index);
         let (want_rate, want_ahead) = if is_skewed {
@@ -958,12 +1014,11 @@ fn check_skew(dir: &Path, config: &RunConfig, skewed: &[usize]) -> Result<Vec<St
         } else {
             (1.0, 0.0)
         };
-        if (rate - want_rate).abs() > 0.003
-            || (ahead_ms - want_ahead).abs() > 50.0 + real / 100_000.0
-        {
+        if (rate - want_rate).abs() > rate_slack || (ahead_ms - want_ahead).abs() > 50.0 {
             return Err(ChaosError::Harness(format!(
-                "client {index}'s clock reads {ahead_ms:.0} ms ahead at rate {rate:.4}, \
-                 expected {want_ahead:.0} ms at {want_rate} (libfaketime not in effect?)"
+                "client {index}'s clock reads {ahead_ms:.0} ms ahead at rate {rate:.4} \
+                 (±{rate_slack:.4}), expected {want_ahead:.0} ms at {want_rate} \
+                 (libfaketime not in effect?)"
             )));
         }
         if is_skewed {
@@ -1033,56 +1088,79 @@ impl RelayControl {
             })
     }
 
-    /// Has the relay hold the next request (`request`) or reply of the
-    /// client at `ip`, after `skip` more, for `ms`, if that client sends or gets one within
-    /// `within`; then waits until the held bytes went on. Returns the
-    /// relay's report, or `None` when nothing was held.
+    /// Has the relay hold the next `count` requests (`request`) or
+    /// replies of the client at `ip`, each after `skip` more, for `ms`. The
+    /// first must fire within `within`; the others get 50 ms more (a RedLock
+    /// fan-out sends to every node at once) and are then cancelled. Waits
+    /// until every held chunk went on. Returns the relay's `held` and
+    /// `released` (or `lost`) lines: empty when nothing was held.
     async fn hold(
         &mut self,
         ip: &str,
         request: bool,
         ms: u64,
         skip: u64,
+        count: usize,
         within: Duration,
-    ) -> Result<Option<String>, ChaosError> {
+    ) -> Result<Vec<String>, ChaosError> {
         let direction = if request { "request" } else { "reply" };
-        self.send(&format!("hold {ip} {direction} {ms} {skip}"))
-            .await?;
-        let answer = self.expect(Duration::from_secs(5)).await?;
-        if answer != "armed" {
-            return Err(ChaosError::UnexpectedReply(format!("relay: {answer}")));
+        for _ in 0..count {
+            self.send(&format!("hold {ip} {direction} {ms} {skip}"))
+                .await?;
         }
-        let mut held = self.next(within).await?;
-        let mut done = None;
-        if held.is_none() {
-            // Nothing came: disarm. A hold may fire just before the cancel;
-            // its lines then come before or around `cancelled`.
+        for _ in 0..count {
+            let answer = self.expect(Duration::from_secs(5)).await?;
+            if answer != "armed" {
+                return Err(ChaosError::UnexpectedReply(format!("relay: {answer}")));
+            }
+        }
+        let (mut held, mut done) = (Vec::new(), Vec::new());
+        let sort = |line: String, held: &mut Vec<String>, done: &mut Vec<String>| {
+            if line.starts_with("held ") {
+                held.push(line);
+            } else if line.starts_with("released ") || line.starts_with("lost ") {
+                done.push(line);
+            } else {
+                return Err(ChaosError::UnexpectedReply(format!("relay: {line}")));
+            }
+            Ok(())
+        };
+        if let Some(first) = self.next(within).await? {
+            sort(first, &mut held, &mut done)?;
+            let until = Instant::now() + Duration::from_millis(50);
+            while held.len() < count {
+                let left = until.saturating_duration_since(Instant::now());
+                match self.next(left).await? {
+                    Some(line) if !left.is_zero() => sort(line, &mut held, &mut done)?,
+                    Some(line) => {
+                        sort(line, &mut held, &mut done)?;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        if held.len() < count {
+            // Disarm the rest. A hold may fire just before the cancel; its
+            // lines then come before `cancelled` (the relay sends `held`
+            // under the lock that `cancel` takes).
             self.send("cancel").await?;
             loop {
                 let line = self.expect(Duration::from_secs(5)).await?;
                 if line.starts_with("cancelled") {
                     break;
-                } else if held.is_none() {
-                    held = Some(line);
-                } else {
-                    done = Some(line);
                 }
+                sort(line, &mut held, &mut done)?;
             }
         }
-        let Some(held) = held else {
-            return Ok(None);
-        };
-        if !held.starts_with("held ") {
-            return Err(ChaosError::UnexpectedReply(format!("relay: {held}")));
+        while done.len() < held.len() {
+            let line = self
+                .expect(Duration::from_millis(ms) + Duration::from_secs(10))
+                .await?;
+            sort(line, &mut held, &mut done)?;
         }
-        let done = match done {
-            Some(line) => line,
-            None => {
-                self.expect(Duration::from_millis(ms) + Duration::from_secs(10))
-                    .await?
-            }
-        };
-        Ok(Some(format!("{held}; {done}")))
+        held.extend(done);
+        Ok(held)
     }
 }
 
@@ -1112,7 +1190,11 @@ pub async fn run(config: &RunConfig) -> Result<RunReport, ChaosError> {
                 .flatten()
                 .flatten()
             {
-                if entry.path().extension().is_some_and(|e| e == "jsonl") {
+                if entry
+                    .path()
+                    .extension()
+                    .is_some_and(|e| e == "jsonl" || e == "clock")
+                {
                     let _ = std::fs::copy(entry.path(), dir.join(entry.file_name()));
                 }
             }
@@ -1209,11 +1291,15 @@ async fn run_in(
         node_ips.push(ip);
     }
     // The lock's key, for the check that a failover's aimed grant never
-    // reached the replica (locks only; a semaphore keeps several keys).
-    let lock_key = if config.fault.is_failover() && !config.is_semaphore() {
+    // reached the replica.
+    // And for RedLock's aimed node faults (locks only: a semaphore keeps
+    // several keys).
+    let lock_key = if !config.is_semaphore() {
         let template = redis::Client::open(format!("redis://{}:{REDIS_PORT}/", node_ips[0]))?;
-        let options =
-            LockOptions::new(config.protocol, Duration::from_millis(config.ttl_ms.max(1)));
+        let ttl = Duration::from_millis(config.ttl_ms.max(20));
+        let mut options = LockOptions::new(config.protocol, ttl);
+        // As the clients set it (it must be shorter than the TTL).
+        options.request_timeout = (ttl / 4).min(Duration::from_millis(250));
         let lock = Lock::new([template], LOCK_NAME, options)
             .map_err(|e| ChaosError::Harness(format!("the lock's key: {e}")))?;
         Some(lock.key())
@@ -1233,7 +1319,7 @@ async fn run_in(
         // start.
         if config.fault == FaultClass::FailoverClockLag {
             let mut clock = FakeClock::new()?;
-            clock.set_offset_ms(-(CLOCK_STEP_BACK as i64))?;
+            clock.set_offset_ms(-(FAILOVER_CLOCK_LAG_MS as i64))?;
             replica_clock = Some(clock);
         }
         let group = start_sentinel_group(
@@ -1247,9 +1333,9 @@ async fn run_in(
         if replica_clock.is_some() {
             let url = format!("redis://{}:{REDIS_PORT}/", group.replica_ip);
             let behind = clock_behind_ms(&url).await?;
-            if behind + 50 < CLOCK_STEP_BACK as i64 {
+            if behind + 50 < FAILOVER_CLOCK_LAG_MS as i64 {
                 return Err(ChaosError::Harness(format!(
-                    "the replica's clock is {behind} ms behind, not {CLOCK_STEP_BACK} \
+                    "the replica's clock is {behind} ms behind, not {FAILOVER_CLOCK_LAG_MS} \
                      (libfaketime not in effect?)"
                 )));
             }
@@ -1405,18 +1491,23 @@ async fn run_in(
     let key = log_key(LOCK_NAME);
     // The failover waits a TTL after its cut before it kills, so its loop
     // runs almost to the end; the other faults stop two TTLs before it, or
-    // in a run of at least 16 TTLs nine before it, so that after the last
-    // one heals (a partition lasts up to three) a healthy stretch of two
+    // in a run of at least 16 TTLs eleven before it, so that after the last
+    // one is over (the longest, a pause or a delay, waits up to two TTLs
+    // for its target and lasts up to two more) a healthy stretch of two
     // TTLs to settle and the progress patience of four remains.
     let faults_end = if config.fault.is_failover() {
         end - Duration::from_millis(ttl / 2)
     } else if config.duration >= Duration::from_millis(ttl * 16) {
-        end - Duration::from_millis(ttl * 9)
+        end - Duration::from_millis(ttl * 11)
     } else {
         end - Duration::from_millis(ttl * 2)
     };
     // When the last fault was over.
     let mut healed_us = started_us;
+    // The faults aimed at a section's last step: (index in `faults`,
+    // client, iteration, when the fault struck), to tell afterwards from
+    // the log whether the holder was still inside.
+    let mut aims: Vec<(usize, u32, u64, u64)> = Vec::new();
     while Instant::now() < faults_end {
         // Follow the resource's log: who is inside, who just left.
         let fresh: Vec<String> = redis::cmd("LRANGE")
@@ -1447,7 +1538,7 @@ async fn run_in(
             .await
             .unwrap_or_default();
         seen_marks += marks.len();
-        let mut modifying_now: Option<(u32, u64)> = None;
+        let mut modifying_now: Option<(u32, u64, u64)> = None;
         for mark in &marks {
             let Some((client, seq)) = mark.split_once('|') else {
                 continue;
@@ -1457,7 +1548,7 @@ async fn run_in(
             };
             if let Some(&(open_seq, read_at)) = open_reads.get(&client) {
                 if open_seq == seq {
-                    modifying_now = Some((client, read_at));
+                    modifying_now = Some((client, seq, read_at));
                 }
             }
         }
@@ -1475,8 +1566,20 @@ async fn run_in(
         // renewal and leave before its write. The nemesis waits up to a
         // TTL for a read, two for a mark.
         let at_mark = config.fault.is_restart() || config.fault == FaultClass::ClockJump;
-        let entered = if at_mark {
-            modifying_now.map(|(client, _)| client)
+        // RedLock: a node that forgets or expires the hold matters only
+        // when the holder holds a bare majority (its token on exactly
+        // three of the five nodes); the fault then strikes one of those.
+        let mut struck_node: Option<usize> = None;
+        let entered = if at_mark && config.nodes() > 1 {
+            match (modifying_now, &lock_key) {
+                (Some((client, _, _)), Some(key)) => {
+                    struck_node = bare_majority_node(&node_ips, key).await;
+                    struck_node.map(|_| client)
+                }
+                _ => None,
+            }
+        } else if at_mark {
+            modifying_now.map(|(client, _, _)| client)
         } else {
             read_now
                 .map(|(client, _)| client)
@@ -1506,9 +1609,15 @@ async fn run_in(
                     .map(|c| c as usize)
                     .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
                 let request = rng.range(0, 3) != 0;
-                // Half the holds let one request pass first: the second
-                // request of a release (the `DEL` after a `GET`).
-                let skip = rng.range(0, 1);
+                // RedLock: a majority of the fan-out's requests (or
+                // replies), one per node. One node: half the holds let one
+                // request pass first, so that the second is held (for
+                // set-px-get-del's release, the `DEL` after the `GET`).
+                let (count, skip) = if config.nodes() > 1 {
+                    (config.nodes() / 2 + 1, 0)
+                } else {
+                    (1, rng.range(0, 1))
+                };
                 let hold = rng.range(ttl * 6 / 5, ttl * 2);
                 let held = control
                     .hold(
@@ -1516,19 +1625,21 @@ async fn run_in(
                         request,
                         hold,
                         skip,
+                        count,
                         Duration::from_millis(ttl * 2),
                     )
                     .await?;
-                if let Some(text) = held {
+                if !held.is_empty() {
                     faults.push(format!(
-                        "delay {}{} of client {target}{} {hold} ms: {text}",
+                        "delay {}{} of client {target}{} {hold} ms: {}",
                         if skip == 1 { "second " } else { "" },
                         if request { "request" } else { "reply" },
                         if entered.is_some() {
-                            " (inside its section)"
+                            " (aimed as it entered its section)"
                         } else {
                             ""
-                        }
+                        },
+                        held.join("; ")
                     ));
                 }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
@@ -1649,8 +1760,15 @@ async fn run_in(
                         // way there. Kill the master as a client that entered
                         // its section on such a grant begins its last step
                         // (its mark), which runs to its end once begun.
-                        let stale_until = cut + (ttl + 100) * 1000;
-                        let fresh = modifying_now.filter(|(_, read_at)| *read_at > stale_until);
+                        // A replica whose clock lags keeps a key that much
+                        // longer.
+                        let lag = if config.fault == FaultClass::FailoverClockLag {
+                            FAILOVER_CLOCK_LAG_MS
+                        } else {
+                            0
+                        };
+                        let stale_until = cut + (ttl + lag + 100) * 1000;
+                        let fresh = modifying_now.filter(|(_, _, read_at)| *read_at > stale_until);
                         let waited = now_us().saturating_sub(cut) / 1000;
                         if fresh.is_none() && waited < ttl * 3 {
                             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1658,7 +1776,7 @@ async fn run_in(
                         }
                         // The cut holds: the grant the kill aims at is not on
                         // the replica (a replica hides keys past their expiry).
-                        if let (Some(key), Some((client, _))) = (&lock_key, fresh) {
+                        if let (Some(key), Some((client, _, _))) = (&lock_key, fresh) {
                             let replica = format!("redis://{}:{REDIS_PORT}/", group.replica_ip);
                             let mut on_replica = query_once(&replica, exists(key)).await;
                             for _ in 0..3 {
@@ -1676,6 +1794,7 @@ async fn run_in(
                             }
                         }
                         let url = format!("redis://{}:{REDIS_PORT}/", node_ips[0]);
+                        let struck_us = now_us();
                         docker(&["kill", "--signal", "USR1", &node_names[0]]).await?;
                         redis_gone(&url, Duration::from_secs(5)).await?;
                         let killed = Instant::now();
@@ -1683,19 +1802,21 @@ async fn run_in(
                         faults.push(format!(
                             "SIGKILL master node 0 {waited} ms after the cut{}; \
                              the Sentinels named the replica after {} ms",
-                            match fresh {
-                                Some((client, _)) => last_step(Some(client)),
-                                None => String::new(),
-                            },
+                            last_step(fresh.map(|(client, _, _)| client)),
                             killed.elapsed().as_millis()
                         ));
+                        if let Some((client, seq, _)) = fresh {
+                            aims.push((faults.len() - 1, client, seq, struck_us));
+                        }
                         next_fault = end;
                     }
                 }
             }
             FaultClass::ClockJump => {
-                let node = rng.range(0, config.nodes() as u64 - 1) as usize;
+                let drawn = rng.range(0, config.nodes() as u64 - 1) as usize;
+                let node = struck_node.unwrap_or(drawn);
                 let jump = rng.range(ttl * 6 / 5, ttl * 2);
+                let struck_us = now_us();
                 clocks[node].jump_ms(jump as i64)?;
                 // The jump took: the node's own TIME reads the offset ahead.
                 let offset = clocks[node].offset_ms();
@@ -1715,15 +1836,23 @@ async fn run_in(
                 faults.push(format!(
                     "clock of node {node} jumps +{jump} ms (offset {} ms){}",
                     clocks[node].offset_ms(),
-                    last_step(entered)
+                    if config.nodes() > 1 && struck_node.is_none() {
+                        NO_BARE_MAJORITY.to_owned()
+                    } else {
+                        last_step(entered)
+                    }
                 ));
+                if let Some((client, seq, _)) = modifying_now {
+                    aims.push((faults.len() - 1, client, seq, struck_us));
+                }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
             }
             FaultClass::Restart
             | FaultClass::RestartPersisted
             | FaultClass::RestartDelayed
             | FaultClass::ClockBack => {
-                let node = rng.range(0, config.nodes() as u64 - 1) as usize;
+                let drawn = rng.range(0, config.nodes() as u64 - 1) as usize;
+                let node = struck_node.unwrap_or(drawn);
                 let down = if config.fault == FaultClass::RestartDelayed {
                     rng.range(ttl * 6 / 5, ttl * 2)
                 } else {
@@ -1731,6 +1860,7 @@ async fn run_in(
                 };
                 let url = format!("redis://{}:{REDIS_PORT}/", node_ips[node]);
                 // SIGUSR1: the supervisor kills redis-server with SIGKILL.
+                let struck_us = now_us();
                 docker(&["kill", "--signal", "USR1", &node_names[node]]).await?;
                 redis_gone(&url, Duration::from_secs(5)).await?;
                 tokio::time::sleep(Duration::from_millis(down)).await;
@@ -1743,7 +1873,14 @@ async fn run_in(
                 // SIGUSR2: the supervisor starts it again.
                 docker(&["kill", "--signal", "USR2", &node_names[node]]).await?;
                 redis_ready(&url, Duration::from_secs(20)).await?;
-                let mut text = format!("kill -9 node {node}{}, down {down} ms", last_step(entered));
+                let mut text = format!(
+                    "kill -9 node {node}{}, down {down} ms",
+                    if config.nodes() > 1 && struck_node.is_none() {
+                        NO_BARE_MAJORITY.to_owned()
+                    } else {
+                        last_step(entered)
+                    }
+                );
                 if config.fault == FaultClass::ClockBack {
                     let behind = clock_behind_ms(&url).await?;
                     let offset = clocks[node].offset_ms();
@@ -1757,6 +1894,9 @@ async fn run_in(
                     text.push_str(&format!(", its clock back {behind} ms"));
                 }
                 faults.push(text);
+                if let Some((client, seq, _)) = modifying_now {
+                    aims.push((faults.len() - 1, client, seq, struck_us));
+                }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
             }
         }
@@ -1819,6 +1959,9 @@ async fn run_in(
     let mut log = Vec::with_capacity(texts.len());
     for text in &texts {
         log.push(LogEntry::parse(text).ok_or_else(|| ChaosError::UnexpectedReply(text.clone()))?);
+    }
+    for (index, client, seq, struck_us) in aims {
+        faults[index].push_str(&landed(&log, client, seq, struck_us));
     }
     let mut history = Vec::new();
     for index in 0..config.clients {
