@@ -1,8 +1,10 @@
 //! The randomized nemesis, short and seeded: client containers running the
-//! real adapter, real container pauses, iptables partitions, node
-//! SIGKILLs, node clock jumps (libfaketime in redis-server) and a Redis
-//! Sentinel failover; each observed cell compared with the model's matrix, and
-//! each client mutation required to be caught.
+//! real adapter under real faults of every class (client crashes, pauses
+//! and clock skew, iptables partitions, node SIGKILLs with and without AOF,
+//! delayed or with the clock stepped back, node clock jumps, a delaying
+//! relay, Redis Sentinel failovers with and without the replica's clock
+//! lag); each observed cell compared with the model's matrix, and each
+//! client mutation required to be caught.
 //!
 //! `NEMESIS_SEED` replays another seed. The table is printed and written to
 //! `target/tmp/nemesis.md`.

@@ -38,7 +38,8 @@ struct Args {
     #[arg(long)]
     seed: Option<u64>,
     /// Seconds the clients of one run loop (raised where a fault needs more:
-    /// four TTLs and a second, twelve TTLs for crash, 30 s for failover).
+    /// four TTLs and a second, twelve TTLs for crash, for a failover 30 s
+    /// or four TTLs of at least 8 s, so 32 s).
     #[arg(long, default_value_t = 10)]
     run_seconds: u64,
     /// Lease TTL in ms (failover runs use at least 8000).
@@ -72,8 +73,9 @@ struct Args {
     #[arg(long)]
     client_binary: Option<PathBuf>,
     /// After the first round, run only the cells that the model says are
-    /// violated and that no run has found yet, until none is left or the
-    /// minutes are spent: how many runs each violation takes to find.
+    /// violated and that runs judged without finding, until none is left
+    /// or the minutes are spent: how many runs each violation takes to
+    /// find. (Violated cells that no run can judge are listed, not rerun.)
     #[arg(long)]
     until_found: bool,
     /// Also write the table, with the command line and the run's figures,
@@ -225,8 +227,15 @@ async fn campaign(args: Args) -> Result<bool, Error> {
             let row = run_mutation(&settings, mutation, args.mutation_runs, |report| {
                 println!("{}", progress_line(started.elapsed(), report));
             })
-            .await?;
-            mutations.push(row);
+            .await;
+            match row {
+                Ok(row) => mutations.push(row),
+                Err(error) => {
+                    let text = format!("mutation {}: {error}", mutation.as_str());
+                    println!("run error: {text}");
+                    errors.push(text);
+                }
+            }
         }
     }
     let rows = rows(&reports);

@@ -58,15 +58,16 @@ pub enum FaultClass {
     /// for 1.5 to 3 TTLs, begun as a client enters its section (when one
     /// does within a TTL) and always cutting that client.
     Partition,
-    /// SIGKILL of a node's `redis-server` process while a client is inside
-    /// its section (when one enters within a TTL), started again by the
-    /// node container's supervisor after up to 100 ms; the node comes back
-    /// empty.
+    /// SIGKILL of a node's `redis-server` process as a client begins the
+    /// last step of its section (when one does within two TTLs; on RedLock,
+    /// a node of a holder whose token is on exactly three of the five),
+    /// started again by the node container's supervisor after up to 100 ms;
+    /// the node comes back empty.
     Restart,
     /// As [`FaultClass::Restart`] with `--appendonly yes --appendfsync always`.
     RestartPersisted,
-    /// A node's clock jumps forward by 1.2 to 2 TTLs while a client is
-    /// inside its section (when one enters within a TTL): libfaketime in the
+    /// A node's clock jumps forward by 1.2 to 2 TTLs, aimed as
+    /// [`FaultClass::Restart`] is: libfaketime in the
     /// node's `redis-server`, its offset file rewritten at run time, so the
     /// real process reads a clock that has moved on and expires the keys
     /// early. The jumps add up; the clock never goes back.
@@ -75,10 +76,11 @@ pub enum FaultClass {
     /// Sentinels (quorum 2) and the clients find the master through the
     /// Sentinels. The nemesis cuts the replication link (iptables DROP
     /// between master and replica), waits a TTL (so that every lease the
-    /// replica received has run out), then, as a client enters its section
-    /// on a grant made since (never replicated), kills the master's
-    /// `redis-server` with SIGKILL; the Sentinels promote the replica.
-    /// Once per run; single-master protocols only.
+    /// replica received has run out), then, as a client that entered its
+    /// section on a grant made since (never replicated) begins the last
+    /// step of that section (or, when none does, three TTLs after the cut),
+    /// kills the master's `redis-server` with SIGKILL; the Sentinels
+    /// promote the replica. Once per run; single-master protocols only.
     Failover,
     /// Client clocks disagree, as in the model: about half the clients
     /// (at least one, seeded) run under libfaketime (`LD_PRELOAD` in their
@@ -1842,7 +1844,9 @@ async fn run_in(
                         last_step(entered)
                     }
                 ));
-                if let Some((client, seq, _)) = modifying_now {
+                if let (Some((client, seq, _)), true) =
+                    (modifying_now, config.nodes() == 1 || struck_node.is_some())
+                {
                     aims.push((faults.len() - 1, client, seq, struck_us));
                 }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
@@ -1894,7 +1898,9 @@ async fn run_in(
                     text.push_str(&format!(", its clock back {behind} ms"));
                 }
                 faults.push(text);
-                if let Some((client, seq, _)) = modifying_now {
+                if let (Some((client, seq, _)), true) =
+                    (modifying_now, config.nodes() == 1 || struck_node.is_some())
+                {
                     aims.push((faults.len() - 1, client, seq, struck_us));
                 }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
