@@ -152,9 +152,9 @@ pub const MODEL_BOUND_GAPS: [(ProtocolId, FaultClass, PropertyId, &str); 2] = [
     ),
 ];
 
-const SET_PX_GET_DEL_DELAY: &str = "it takes three clients: a holder's late DEL removes the \
-     next holder's key and a third client enters while that one is inside; the model \
-     runs two clients, so its delay column misses it";
+const SET_PX_GET_DEL_DELAY: &str = "a holder's late DEL removes the next holder's key and a \
+     third client enters while that one is inside; the model's bounds (two clients) miss it, \
+     and issue #12's audit of the model found it with three clients";
 
 /// Why `(protocol, fault, property)` is a known gap of the model's bounds.
 pub fn model_bound_gap(
