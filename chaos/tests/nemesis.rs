@@ -97,6 +97,7 @@ async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
         ttl_ms: 1000,
         seed,
         client_binary: env!("CARGO_BIN_EXE_nemesis-client").into(),
+        lease_semaphore_limit: 2,
     };
     let started = Instant::now();
     let mut reports = Vec::new();

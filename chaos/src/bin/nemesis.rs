@@ -72,6 +72,10 @@ struct Args {
     /// The client binary (default: `nemesis-client` next to this binary).
     #[arg(long)]
     client_binary: Option<PathBuf>,
+    /// Permits of `lease-semaphore` (the other semaphores run with one);
+    /// its fenced resource is judged only at 1, as the model checks it.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4))]
+    lease_semaphore_limit: u32,
     /// After the first round, run only the cells that the model says are
     /// violated and that runs judged without finding, until none is left
     /// or the minutes are spent: how many runs each violation takes to
@@ -141,6 +145,7 @@ async fn campaign(args: Args) -> Result<bool, Error> {
         ttl_ms: args.ttl_ms.max(100),
         seed,
         client_binary,
+        lease_semaphore_limit: args.lease_semaphore_limit,
     };
     let started = Instant::now();
     let budget = Duration::from_secs_f64(args.minutes.max(0.0) * 60.0);

@@ -52,6 +52,9 @@ pub struct Settings {
     pub seed: u64,
     /// The `nemesis-client` binary.
     pub client_binary: PathBuf,
+    /// Permits of `lease-semaphore` (the other semaphores run with one).
+    /// At 1 its fenced resource is judged as the model judges it.
+    pub lease_semaphore_limit: u32,
 }
 
 impl Settings {
@@ -80,7 +83,7 @@ impl Settings {
             duration: run_duration(fault, self.run_duration, ttl_ms),
             ttl_ms,
             limit: if protocol == ProtocolId::LeaseSemaphore {
-                2
+                self.lease_semaphore_limit.max(1)
             } else {
                 1
             },
