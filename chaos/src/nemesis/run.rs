@@ -968,6 +968,25 @@ fn last_step(client: Option<u32>) -> String {
         .unwrap_or_default()
 }
 
+/// The entries of the resource's list `key` from `*seen` on, moving
+/// `*seen` past them (none when the resource does not answer: the next
+/// poll reads them).
+async fn tail(
+    resource: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    seen: &mut usize,
+) -> Vec<String> {
+    let fresh: Vec<String> = redis::cmd("LRANGE")
+        .arg(key)
+        .arg(*seen)
+        .arg(-1)
+        .query_async(resource)
+        .await
+        .unwrap_or_default();
+    *seen += fresh.len();
+    fresh
+}
+
 /// The note on a RedLock node fault that found no holder to aim at.
 const NO_BARE_MAJORITY: &str =
     " (unaimed: no holder's token was on exactly a bare majority of the nodes within two TTLs)";
@@ -1518,14 +1537,7 @@ async fn run_in(
     let mut aims: Vec<(usize, u32, u64, u64)> = Vec::new();
     while Instant::now() < faults_end {
         // Follow the resource's log: who is inside, who just left.
-        let fresh: Vec<String> = redis::cmd("LRANGE")
-            .arg(&key)
-            .arg(seen)
-            .arg(-1)
-            .query_async(&mut resource)
-            .await
-            .unwrap_or_default();
-        seen += fresh.len();
+        let fresh = tail(&mut resource, &key, &mut seen).await;
         let mut read_now: Option<(u32, u64)> = None;
         for entry in fresh.iter().filter_map(|text| LogEntry::parse(text)) {
             if entry.op == OpKind::Read {
@@ -1538,14 +1550,7 @@ async fn run_in(
             }
         }
         // And the marks: who has just begun the last step of its section.
-        let marks: Vec<String> = redis::cmd("LRANGE")
-            .arg(marks_key(LOCK_NAME))
-            .arg(seen_marks)
-            .arg(-1)
-            .query_async(&mut resource)
-            .await
-            .unwrap_or_default();
-        seen_marks += marks.len();
+        let marks = tail(&mut resource, &marks_key(LOCK_NAME), &mut seen_marks).await;
         let mut modifying_now: Option<(u32, u64, u64)> = None;
         for mark in &marks {
             let Some((client, seq)) = mark.split_once('|') else {
@@ -1603,6 +1608,18 @@ async fn run_in(
             tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
         }
+        // What a node fault aimed at a mark says of its target, and the
+        // target whose write tells afterwards where it landed (none when a
+        // RedLock fault found no holder on a bare majority).
+        let unaimed = config.nodes() > 1 && struck_node.is_none();
+        let aim_note = if unaimed {
+            NO_BARE_MAJORITY.to_owned()
+        } else {
+            last_step(entered)
+        };
+        let marked = modifying_now
+            .filter(|_| !unaimed)
+            .map(|(client, seq, _)| (client, seq));
         match config.fault {
             // The skew is the clients' from their start (checked from
             // their clock files once they are done).
@@ -1844,15 +1861,9 @@ async fn run_in(
                 faults.push(format!(
                     "clock of node {node} jumps +{jump} ms (offset {} ms){}",
                     clocks[node].offset_ms(),
-                    if config.nodes() > 1 && struck_node.is_none() {
-                        NO_BARE_MAJORITY.to_owned()
-                    } else {
-                        last_step(entered)
-                    }
+                    aim_note
                 ));
-                if let (Some((client, seq, _)), true) =
-                    (modifying_now, config.nodes() == 1 || struck_node.is_some())
-                {
+                if let Some((client, seq)) = marked {
                     aims.push((faults.len() - 1, client, seq, struck_us));
                 }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
@@ -1883,14 +1894,7 @@ async fn run_in(
                 // SIGUSR2: the supervisor starts it again.
                 docker(&["kill", "--signal", "USR2", &node_names[node]]).await?;
                 redis_ready(&url, Duration::from_secs(20)).await?;
-                let mut text = format!(
-                    "kill -9 node {node}{}, down {down} ms",
-                    if config.nodes() > 1 && struck_node.is_none() {
-                        NO_BARE_MAJORITY.to_owned()
-                    } else {
-                        last_step(entered)
-                    }
-                );
+                let mut text = format!("kill -9 node {node}{aim_note}, down {down} ms");
                 if config.fault == FaultClass::ClockBack {
                     let behind = clock_behind_ms(&url).await?;
                     let offset = clocks[node].offset_ms();
@@ -1904,9 +1908,7 @@ async fn run_in(
                     text.push_str(&format!(", its clock back {behind} ms"));
                 }
                 faults.push(text);
-                if let (Some((client, seq, _)), true) =
-                    (modifying_now, config.nodes() == 1 || struck_node.is_some())
-                {
+                if let Some((client, seq)) = marked {
                     aims.push((faults.len() - 1, client, seq, struck_us));
                 }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
