@@ -8,6 +8,10 @@
 //! the harness that the replay must catch, and a check of the frozen clock
 //! it relies on.
 
+/// The checker's allocator (see `lockwright_model::Allocator`).
+#[global_allocator]
+static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -25,6 +25,15 @@ pub mod matrix;
 pub mod model;
 pub mod trace;
 
+/// The allocator for programs that run the checker, to be declared by each
+/// (`#[global_allocator] static A: lockwright_model::Allocator =
+/// lockwright_model::Allocator;`: the `lockwright` binary, the model's
+/// tests, the chaos replay): the checker clones a whole state for every step
+/// it takes, and with the system allocator a third of its time went to
+/// `malloc` and `free`. A library does not choose it for its users, and the
+/// chaos clients keep the system allocator.
+pub use mimalloc::MiMalloc as Allocator;
+
 pub use fault::{Fault, PropertyId};
 pub use model::{Action, LockModel, ModelConfig, State};
 

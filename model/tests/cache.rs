@@ -3,6 +3,10 @@
 //! source version, damaged files and traces that do not replay are
 //! rejected with a typed error and computed again.
 
+/// The checker's allocator (see `lockwright_model::Allocator`).
+#[global_allocator]
+static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
+
 use lockwright_core::ProtocolId;
 use lockwright_model::cache::{Cache, CacheError};
 use lockwright_model::fault::{Fault, PropertyId};

@@ -2,6 +2,10 @@
 //! regenerate it and compare every generated file, and check that every
 //! link into a protocol page and every chaos test named by the pages exist.
 
+/// The checker's allocator (see `lockwright_model::Allocator`).
+#[global_allocator]
+static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
+
 use lockwright_core::ProtocolId;
 use lockwright_model::cache::Cache;
 use lockwright_model::docs::{self, CHAOS};

@@ -5,6 +5,10 @@
 //! the checker finds the superseded write accepted again. (That the
 //! unmutated protocols hold there is the matrix rows' test.)
 
+/// The checker's allocator (see `lockwright_model::Allocator`).
+#[global_allocator]
+static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
+
 use lockwright_core::keyspace::{Command, Script};
 use lockwright_core::{Acquire, Machine, Millis, Protocol, ProtocolId, Token};
 use lockwright_model::fault::{Fault, PropertyId};

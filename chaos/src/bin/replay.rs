@@ -19,6 +19,10 @@
 //! the model's. Exit status 0 when everything agreed, 1 on a mismatch, 2 on
 //! a usage or harness error.
 
+/// The checker's allocator (see `lockwright_model::Allocator`).
+#[global_allocator]
+static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
+
 use std::process::ExitCode;
 use std::time::Instant;
 
