@@ -121,8 +121,8 @@
 //! (`fenced`, pauses), ignoring `lost()` (`reentrant`, partitions). Each
 //! cell's model verdict is read from `model/expectations.txt`: a violation
 //! in a holds cell fails the test with its seed and log excerpt, unless the
-//! cell is a known gap of the model's bounds
-//! ([`nemesis::campaign::MODEL_BOUND_GAPS`]: reported, not failed); a
+//! model lists the cell as a known gap of its bounds
+//! (`lockwright_model::matrix::BOUND_GAPS`: reported, not failed); a
 //! violated cell not found is reported as `not found`.
 //!
 //! Every container, network and rule carries the prefix

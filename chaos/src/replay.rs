@@ -190,8 +190,9 @@ pub fn cases(
 pub struct Plan {
     /// Every violated cell, in (protocol, fault, property) order.
     pub violated: Vec<Case>,
-    /// Every (protocol, fault) run with at least one property that holds,
-    /// with its model and the properties that hold.
+    /// Every run with at least one property that holds, with its model
+    /// and the properties that hold (a (protocol, fault) whose properties
+    /// are checked in two runs, [`matrix::standard_groups`], may give two).
     pub holds: Vec<(LockModel, Vec<PropertyId>)>,
 }
 
@@ -205,42 +206,51 @@ pub fn plan(threads: usize, cache: Option<&Cache>) -> Result<Plan, ChaosError> {
         holds: Vec::new(),
     };
     for ((protocol, fault), result) in computed.results {
-        let (cases, model, holding) = split(protocol, fault, result)?;
+        let (cases, holding) = split(protocol, fault, result)?;
         plan.violated.extend(cases);
-        if !holding.is_empty() {
-            plan.holds.push((model, holding));
-        }
+        plan.holds.extend(holding);
     }
     Ok(plan)
 }
 
-/// One run's checker result as replay cases (one per violated property),
-/// the run's model, and the properties that hold.
+/// A run's model and the properties that hold in it.
+type Holding = (LockModel, Vec<PropertyId>);
+
+/// One (protocol, fault)'s checker result as replay cases (one per
+/// violated property, each with the model of the run that decided it), and
+/// the properties that hold with the model of their run.
 fn split(
     protocol: ProtocolId,
     fault: Fault,
     result: CellResult,
-) -> Result<(Vec<Case>, LockModel, Vec<PropertyId>), ChaosError> {
-    let model = matrix::model_for(protocol, fault, PropertyId::ALL.to_vec())
-        .map_err(lockwright_model::docs::DocsError::from)?;
-    let holding = result
-        .cells
-        .iter()
-        .filter(|c| c.verdict == CheckVerdict::Holds)
-        .map(|c| c.property)
-        .collect();
-    let cases = result
-        .traces
-        .into_iter()
-        .map(|(property, trace)| Case {
+) -> Result<(Vec<Case>, Vec<Holding>), ChaosError> {
+    let model_of = |property| {
+        matrix::cell_model(protocol, fault, property)
+            .map_err(lockwright_model::docs::DocsError::from)
+    };
+    let mut holding = Vec::new();
+    for group in matrix::standard_groups(protocol) {
+        let held: Vec<PropertyId> = result
+            .cells
+            .iter()
+            .filter(|c| c.verdict == CheckVerdict::Holds && group.contains(&c.property))
+            .map(|c| c.property)
+            .collect();
+        if let Some(&first) = held.first() {
+            holding.push((model_of(first)?, held));
+        }
+    }
+    let mut cases = Vec::new();
+    for (property, trace) in result.traces {
+        cases.push(Case {
             protocol,
             fault,
             property,
-            model: model.clone(),
+            model: model_of(property)?,
             trace,
-        })
-        .collect();
-    Ok((cases, model, holding))
+        });
+    }
+    Ok((cases, holding))
 }
 
 /// A seeded random path of `model`: from the initial state, each step one

@@ -33,7 +33,6 @@
 //! Every verdict CI reports was computed by the checker in that same CI
 //! run.
 
-use crate::fault::PropertyId;
 use crate::matrix::{self, Cell, CheckError, Run, Trace, Verdict};
 use crate::model::LockModel;
 use serde::{Deserialize, Serialize};
@@ -343,11 +342,11 @@ impl Cache {
         if file.key != self.key(model) {
             return Err(CacheError::Stale { path: shown });
         }
-        if file.properties.len() != PropertyId::ALL.len() {
+        if file.properties.len() != model.properties.len() {
             return Err(corrupt(format!(
                 "{} properties, not {}",
                 file.properties.len(),
-                PropertyId::ALL.len()
+                model.properties.len()
             )));
         }
         if file.states == 0 {
@@ -381,7 +380,7 @@ impl Cache {
             Ok(trace)
         };
         let mut cells = Vec::new();
-        for (property, stored) in PropertyId::ALL.into_iter().zip(&file.properties) {
+        for (&property, stored) in model.properties.iter().zip(&file.properties) {
             if stored.property != property.as_str() {
                 return Err(corrupt(format!(
                     "property {:?} where {property} belongs",

@@ -79,6 +79,31 @@ pub struct Run {
     pub cached: bool,
 }
 
+impl Run {
+    /// The runs of one (protocol, fault) as one: the cells in property
+    /// order, the counts and times summed, cached only if every run was.
+    pub fn merge(runs: Vec<Run>) -> Run {
+        let mut merged = Run {
+            cells: Vec::new(),
+            states: 0,
+            generated: 0,
+            seconds: 0.0,
+            broken: Vec::new(),
+            cached: !runs.is_empty(),
+        };
+        for run in runs {
+            merged.cells.extend(run.cells);
+            merged.states += run.states;
+            merged.generated += run.generated;
+            merged.seconds += run.seconds;
+            merged.broken.extend(run.broken);
+            merged.cached &= run.cached;
+        }
+        merged.cells.sort_by_key(|c| c.property);
+        merged
+    }
+}
+
 /// An error setting up a check.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
@@ -99,18 +124,88 @@ pub enum CheckError {
     Cache(#[from] CacheError),
 }
 
-/// Build the model for one cell.
+/// Build the model that checks `properties` of `protocol` under `fault`
+/// at the standard bounds for those properties
+/// ([`ModelConfig::for_properties`]).
 pub fn model_for(
     protocol: ProtocolId,
     fault: Fault,
     properties: Vec<PropertyId>,
 ) -> Result<LockModel, CheckError> {
-    LockModel::new(ModelConfig::new(protocol, fault), properties)
-        .map_err(|source| CheckError::Config { protocol, source })
+    LockModel::new(
+        ModelConfig::for_properties(protocol, fault, &properties),
+        properties,
+    )
+    .map_err(|source| CheckError::Config { protocol, source })
 }
 
-/// Check every property of `protocol` under `fault` in one breadth-first
-/// run. With `shortest`, each violation's trace is then replaced by the
+/// The model whose standard run decides `property` of `protocol` under
+/// `fault` (one of [`standard_groups`]): the model to render or replay
+/// that cell's counterexample with.
+pub fn cell_model(
+    protocol: ProtocolId,
+    fault: Fault,
+    property: PropertyId,
+) -> Result<LockModel, CheckError> {
+    let group = standard_groups(protocol)
+        .into_iter()
+        .find(|g| g.contains(&property))
+        .unwrap_or_else(|| vec![property]);
+    model_for(protocol, fault, group)
+}
+
+/// Cells whose `holds` at the standard bounds is known to be an artefact
+/// of those bounds: a wider run finds them violated. Each is shown in the
+/// docs beside its verdict; the tests that find it
+/// (`model/tests/clients.rs`, `model/tests/reductions.rs`) fail when a
+/// wider run decides that it holds after all, so that the list shrinks
+/// when the bounds widen.
+pub const BOUND_GAPS: [(ProtocolId, Fault, PropertyId, &str); 2] = [
+    (
+        ProtocolId::LeaseSemaphore,
+        Fault::Delay,
+        PropertyId::MutualExclusion,
+        "violated with a third client (`model/tests/clients.rs`), and with two clients given two late retries instead of one (`model/tests/reductions.rs`: an undo release held up past the TTL removes the same client's next permit, and a rival is admitted beside it); a third client's full space is beyond the bounds' budget",
+    ),
+    (
+        ProtocolId::TimeFencedSemaphore,
+        Fault::Delay,
+        PropertyId::MutualExclusion,
+        "violated with a third client (`model/tests/clients.rs`), as `lease-semaphore`, whose grant and release it shares; a third client's full space is beyond the bounds' budget",
+    ),
+];
+
+/// Why `(protocol, fault, property)`'s `holds` is a known artefact of the
+/// bounds ([`BOUND_GAPS`]), if it is one.
+pub fn bound_gap(protocol: ProtocolId, fault: Fault, property: PropertyId) -> Option<&'static str> {
+    BOUND_GAPS
+        .iter()
+        .find(|&&(p, f, q, _)| (p, f, q) == (protocol, fault, property))
+        .map(|&(_, _, _, why)| why)
+}
+
+/// The properties checked together in one run of the standard bounds:
+/// all four in one run, except where a protocol's safety properties take
+/// more clients than its progress ([`crate::model::standard_clients`]):
+/// then the safety properties in one run and progress in another.
+pub fn standard_groups(protocol: ProtocolId) -> Vec<Vec<PropertyId>> {
+    let progress = [PropertyId::Progress];
+    if ModelConfig::for_properties(protocol, Fault::None, &PropertyId::ALL).clients
+        == ModelConfig::for_properties(protocol, Fault::None, &progress).clients
+    {
+        return vec![PropertyId::ALL.to_vec()];
+    }
+    vec![
+        PropertyId::ALL
+            .into_iter()
+            .filter(|&p| p != PropertyId::Progress)
+            .collect(),
+        progress.to_vec(),
+    ]
+}
+
+/// Check every property of `protocol` under `fault`, in one breadth-first
+/// run per group of [`standard_groups`]. With `shortest`, each violation's trace is then replaced by the
 /// shortest counterexample ([`shortest_counterexamples`]).
 pub fn check(
     protocol: ProtocolId,
@@ -118,7 +213,15 @@ pub fn check(
     threads: usize,
     shortest: bool,
 ) -> Result<Run, CheckError> {
-    check_config(ModelConfig::new(protocol, fault), threads, shortest)
+    let mut runs = Vec::new();
+    for group in standard_groups(protocol) {
+        runs.push(check_model(
+            model_for(protocol, fault, group)?,
+            threads,
+            shortest,
+        )?);
+    }
+    Ok(Run::merge(runs))
 }
 
 /// [`check`] with bounds of the caller's own (another latency, horizon or
@@ -142,12 +245,16 @@ pub fn standard_run(
     fault: Fault,
     cache: Option<&Cache>,
 ) -> Result<Run, CheckError> {
-    let mut model = model_for(protocol, fault, PropertyId::ALL.to_vec())?;
-    model.sanity = true;
-    match cache {
-        Some(cache) => cache.run(model),
-        None => check_model(model, 1, true),
+    let mut runs = Vec::new();
+    for group in standard_groups(protocol) {
+        let mut model = model_for(protocol, fault, group)?;
+        model.sanity = true;
+        runs.push(match cache {
+            Some(cache) => cache.run(model)?,
+            None => check_model(model, 1, true)?,
+        });
     }
+    Ok(Run::merge(runs))
 }
 
 /// [`check`] of a model built by the caller (for instance with
@@ -160,9 +267,10 @@ pub fn check_model(model: LockModel, threads: usize, shortest: bool) -> Result<R
     let seconds = started.elapsed().as_secs_f64();
     let states = checker.unique_state_count();
     let generated = checker.state_count();
-    let found: Vec<(PropertyId, Option<Trace>)> = PropertyId::ALL
-        .into_iter()
-        .map(|p| (p, checker.discovery(p.as_str()).map(|path| path.into_vec())))
+    let found: Vec<(PropertyId, Option<Trace>)> = model
+        .properties
+        .iter()
+        .map(|&p| (p, checker.discovery(p.as_str()).map(|path| path.into_vec())))
         .collect();
     let mut shortest_traces = if shortest {
         let violated: Vec<PropertyId> = found

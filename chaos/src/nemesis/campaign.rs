@@ -131,44 +131,10 @@ pub enum Agreement {
     /// The model says holds and a run found a violation: the evidence.
     Disagree(String),
     /// The model says holds, a run found a violation, and the cell is one
-    /// of [`MODEL_BOUND_GAPS`]: the model's bounds are known to be too
-    /// narrow to show it. Reported, not a failure of the run.
+    /// of the model's known gaps of its bounds
+    /// ([`lockwright_model::matrix::BOUND_GAPS`]: a wider model run finds
+    /// it violated too). Reported, not a failure of the run.
     BeyondModelBounds(String),
-}
-
-/// Cells whose `holds` verdict is an artefact of the model's bounds, shown
-/// wrong on real Redis by the nemesis: protocol, fault, property and why.
-/// Each entry's model verdict must still read `holds` (a test checks it),
-/// so that the list shrinks as the model's bounds widen (issue #12).
-pub const MODEL_BOUND_GAPS: [(ProtocolId, FaultClass, PropertyId, &str); 2] = [
-    (
-        ProtocolId::SetPxGetDel,
-        FaultClass::Delay,
-        PropertyId::MutualExclusion,
-        SET_PX_GET_DEL_DELAY,
-    ),
-    (
-        ProtocolId::SetPxGetDel,
-        FaultClass::Delay,
-        PropertyId::FencedResource,
-        SET_PX_GET_DEL_DELAY,
-    ),
-];
-
-const SET_PX_GET_DEL_DELAY: &str = "a holder's late DEL removes the next holder's key and a \
-     third client enters while that one is inside; the model's bounds (two clients) miss it, \
-     and issue #12's audit of the model found it with three clients";
-
-/// Why `(protocol, fault, property)` is a known gap of the model's bounds.
-pub fn model_bound_gap(
-    protocol: ProtocolId,
-    fault: FaultClass,
-    property: PropertyId,
-) -> Option<&'static str> {
-    MODEL_BOUND_GAPS
-        .iter()
-        .find(|&&(p, f, q, _)| (p, f, q) == (protocol, fault, property))
-        .map(|&(_, _, _, why)| why)
 }
 
 /// One row of the table: a (protocol, fault, property) cell over its runs.
@@ -243,12 +209,15 @@ pub fn rows(reports: &[RunReport]) -> Vec<Row> {
                             config.seed,
                             report.faults.join("; ")
                         );
-                        row.agreement =
-                            if model_bound_gap(config.protocol, config.fault, property).is_some() {
-                                Agreement::BeyondModelBounds(evidence)
-                            } else {
-                                Agreement::Disagree(evidence)
-                            };
+                        let gap = lockwright_model::matrix::bound_gap(
+                            config.protocol,
+                            config.fault.model_fault(),
+                            property,
+                        );
+                        row.agreement = match gap {
+                            Some(_) => Agreement::BeyondModelBounds(evidence),
+                            None => Agreement::Disagree(evidence),
+                        };
                     }
                     Verdict::Holds => {}
                 }
@@ -351,7 +320,7 @@ pub fn table(rows: &[Row], mutations: &[MutationRow]) -> String {
             Agreement::Agree => "yes".to_owned(),
             Agreement::NotFound => "not found".to_owned(),
             Agreement::Disagree(_) => "NO".to_owned(),
-            Agreement::BeyondModelBounds(_) => "no: beyond the model's bounds".to_owned(),
+            Agreement::BeyondModelBounds(_) => "no: beyond the model's bounds (†)".to_owned(),
         };
         let first = row
             .first_found
@@ -388,12 +357,17 @@ pub fn table(rows: &[Row], mutations: &[MutationRow]) -> String {
     for row in rows {
         if let Agreement::BeyondModelBounds(evidence) = &row.agreement {
             out.push_str(&format!(
-                "\n- {} × {} × {}: the model says holds, and the nemesis found a \
-                 violation on real Redis; {}. Evidence: {evidence}\n",
+                "\n- † {} × {} × {}: the model says holds at its bounds and knows it for a gap \
+                 of them ({}); the nemesis found it on real Redis. Evidence: {evidence}\n",
                 row.protocol.as_str(),
                 row.fault.as_str(),
                 row.property.as_str(),
-                model_bound_gap(row.protocol, row.fault, row.property).unwrap_or_default()
+                lockwright_model::matrix::bound_gap(
+                    row.protocol,
+                    row.fault.model_fault(),
+                    row.property
+                )
+                .unwrap_or_default()
             ));
         }
     }
@@ -485,27 +459,4 @@ pub fn progress_line(elapsed: Duration, report: &RunReport) -> String {
             .map(|fault| format!("\n          - {fault}"))
             .collect::<String>()
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_model_bound_gap_is_still_a_holds_verdict_of_the_model() {
-        for (protocol, fault, property, why) in MODEL_BOUND_GAPS {
-            assert_eq!(
-                model_verdict(protocol, fault, property),
-                Verdict::Holds,
-                "{protocol} × {} × {property}: the model now finds it; drop the gap ({why})",
-                fault.as_str()
-            );
-        }
-        assert!(model_bound_gap(
-            ProtocolId::SetPxLua,
-            FaultClass::Delay,
-            PropertyId::MutualExclusion
-        )
-        .is_none());
-    }
 }

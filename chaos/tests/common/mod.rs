@@ -336,7 +336,7 @@ pub fn model_counterexample(protocol: &str, fault: &str, property: &str) -> Opti
         .cells
         .into_iter()
         .find(|cell| cell.property == property)?;
-    let model = matrix::model_for(protocol, fault, vec![property]).expect("the model builds");
+    let model = matrix::cell_model(protocol, fault, property).expect("the model builds");
     cell.trace
         .map(|steps| lockwright_model::trace::text(&model, &steps))
 }
