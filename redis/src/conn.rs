@@ -40,6 +40,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::Value;
 use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError};
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -187,8 +188,12 @@ async fn connect(
     client: &redis::Client,
     timeout: Duration,
 ) -> Result<(MultiplexedConnection, Option<Arc<AtomicBool>>), RedisError> {
-    // Replies are timed by each request's own timeout (see `run_shared`).
-    let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout));
+    // Replies are timed by the adapter, by each hold's `request_timeout`
+    // (the `Io`'s timer, or `execute`): redis-rs' own default of 500 ms per
+    // reply would cut a longer `request_timeout` short.
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(None);
     let info = client.get_connection_info();
     let ConnectionAddr::Tcp(host, port) = info.addr() else {
         let conn = client
@@ -556,6 +561,11 @@ struct InFlight {
     /// In a mutex only to make guards `Sync`; reached through `get_mut`,
     /// which never locks.
     future: Mutex<RequestFuture>,
+    /// For a request written to a live shared connection: when its reply
+    /// is late, and that connection's generation (retired when it is).
+    /// The [`Io`]'s one timer watches these deadlines. (A request that must
+    /// connect first times itself.)
+    deadline: Option<(tokio::time::Instant, u64)>,
 }
 
 type RequestFuture = BoxFuture<'static, (Result<Reply, Failure>, Option<MultiplexedConnection>)>;
@@ -576,6 +586,13 @@ pub(crate) struct Io {
     keys: Option<Arc<KeyMap>>,
     /// Where the next poll starts, so that no node starves another.
     next_link: usize,
+    /// One timer for the reply deadlines of every request in flight (a
+    /// timer per request costs a registration in the runtime's timer wheel
+    /// each): armed at the earliest deadline or before it, and re-armed
+    /// when it fires early. Created at the first deadline.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Where `timer` is armed.
+    armed: Option<tokio::time::Instant>,
 }
 
 impl Io {
@@ -593,6 +610,8 @@ impl Io {
             timeout,
             keys,
             next_link: 0,
+            timer: None,
+            armed: None,
         }
     }
 
@@ -626,6 +645,8 @@ impl Io {
     }
 
     fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Finished> {
+        use std::future::Future;
+        use std::task::Poll;
         let count = self.links.len();
         for i in 0..count {
             let node = (self.next_link + i) % count;
@@ -637,40 +658,139 @@ impl Io {
                 .future
                 .get_mut()
                 .unwrap_or_else(|e| e.into_inner());
-            let std::task::Poll::Ready((result, own)) = future.as_mut().poll(cx) else {
+            let Poll::Ready((result, own)) = future.as_mut().poll(cx) else {
                 continue;
             };
             let id = in_flight.id;
-            link.in_flight = None;
-            link.own = own;
-            if let Some(request) = link.queue.pop_front() {
-                link.start(node, request, self.timeout);
-            }
-            self.next_link = (node + 1) % count;
-            return std::task::Poll::Ready(finished(id, node, result));
+            let result = match (result, in_flight.deadline) {
+                // Errors of a live shared connection retire it.
+                (Err(failure), Some((_, generation))) => {
+                    if let Route::Shared(shared) = &link.route {
+                        shared.retire(generation);
+                    }
+                    Err(failure)
+                }
+                (result, _) => result,
+            };
+            return Poll::Ready(self.finish(node, id, result, own));
         }
-        std::task::Poll::Pending
+        loop {
+            let now = tokio::time::Instant::now();
+            let earliest = self
+                .links
+                .iter()
+                .enumerate()
+                .filter_map(|(node, l)| Some((l.in_flight.as_ref()?.deadline?.0, node)))
+                .min();
+            let Some((deadline, node)) = earliest else {
+                return Poll::Pending;
+            };
+            if deadline <= now {
+                return Poll::Ready(self.expire(node));
+            }
+            if self.armed.is_none_or(|at| at > deadline) {
+                match &mut self.timer {
+                    Some(timer) => timer.as_mut().reset(deadline),
+                    None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                }
+                self.armed = Some(deadline);
+            }
+            let Some(timer) = &mut self.timer else {
+                return Poll::Pending;
+            };
+            match timer.as_mut().poll(cx) {
+                // Fired: at the earliest deadline, or at an earlier one whose
+                // request has since finished; look again.
+                Poll::Ready(()) => self.armed = None,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
+
+    /// The request in flight on `node` got no reply by its deadline: its
+    /// outcome is unknown, and the connection is retired (the next request
+    /// reconnects; the late reply, if any, is dropped with it).
+    fn expire(&mut self, node: usize) -> Finished {
+        let link = &mut self.links[node];
+        let Some(in_flight) = link.in_flight.take() else {
+            return finished(
+                RequestId(u64::MAX),
+                node,
+                Err(Failure::transient("no request")),
+            );
+        };
+        if let (Route::Shared(shared), Some((_, generation))) = (&link.route, in_flight.deadline) {
+            shared.retire(generation);
+        }
+        let failure = Failure::transient(no_reply_within(self.timeout));
+        self.finish(node, in_flight.id, Err(failure), None)
+    }
+
+    /// `node`'s request `id` is done: start the next one queued for the
+    /// node, and report `result`.
+    fn finish(
+        &mut self,
+        node: usize,
+        id: RequestId,
+        result: Result<Reply, Failure>,
+        own: Option<MultiplexedConnection>,
+    ) -> Finished {
+        let count = self.links.len();
+        let link = &mut self.links[node];
+        link.in_flight = None;
+        link.own = own;
+        if let Some(request) = link.queue.pop_front() {
+            link.start(node, request, self.timeout);
+        }
+        self.next_link = (node + 1) % count;
+        finished(id, node, result)
+    }
+}
+
+fn no_reply_within(timeout: Duration) -> String {
+    format!(
+        "no reply within the request timeout ({} ms)",
+        timeout.as_millis()
+    )
 }
 
 impl Link {
     fn start(&mut self, node: usize, request: Request, timeout: Duration) {
         tracing::trace!(id = request.id.0, node, "transmit");
         let id = request.id;
-        let future: RequestFuture = match &self.route {
-            Route::Shared(shared) => {
-                let shared = Arc::clone(shared);
-                Box::pin(async move { (run_shared(&shared, &request, timeout).await, None) })
-            }
+        let (future, deadline): (RequestFuture, _) = match &self.route {
+            Route::Shared(shared) => match shared.current() {
+                // The usual case: a live connection, and the Io's timer
+                // watches the reply's deadline.
+                Some(mut live) => {
+                    let deadline = (tokio::time::Instant::now() + timeout, live.generation);
+                    let future = Box::pin(async move {
+                        let result = wire::execute_reply(&mut live.conn, &request.command).await;
+                        (demoted(result.map_err(|e| classify(&e))), None)
+                    });
+                    (future, Some(deadline))
+                }
+                None => {
+                    let shared = Arc::clone(shared);
+                    let future =
+                        Box::pin(
+                            async move { (run_shared(&shared, &request, timeout).await, None) },
+                        );
+                    (future as RequestFuture, None)
+                }
+            },
             Route::Own(client) => {
                 let client = Arc::clone(client);
                 let conn = self.own.take();
-                Box::pin(async move { run_own(&client, conn, &request, timeout).await })
+                let future =
+                    Box::pin(async move { run_own(&client, conn, &request, timeout).await });
+                (future as RequestFuture, None)
             }
         };
         self.in_flight = Some(InFlight {
             id,
             future: Mutex::new(future),
+            deadline,
         });
     }
 }
@@ -702,10 +822,7 @@ async fn execute<C: ConnectionLike + Send>(
     match tokio::time::timeout(timeout, wire::execute_reply(conn, &request.command)).await {
         Ok(Ok(reply)) => Ok(reply),
         Ok(Err(e)) => Err(classify(&e)),
-        Err(_) => Err(Failure::transient(format!(
-            "no reply within the request timeout ({} ms)",
-            timeout.as_millis()
-        ))),
+        Err(_) => Err(Failure::transient(no_reply_within(timeout))),
     }
 }
 

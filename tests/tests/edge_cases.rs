@@ -238,3 +238,61 @@ async fn wait_for_a_replica_on_a_lone_master_is_a_typed_error_and_undoes_the_gra
     let exists: i64 = raw(&mut conn, redis::cmd("EXISTS").arg("{replicated}")).await;
     assert_eq!(exists, 0, "the unacknowledged grant was undone");
 }
+
+/// A server busy for longer than redis-rs' own default reply timeout (500 ms)
+/// but well within the lock's `request_timeout`: the acquire waits for the
+/// reply and gets the lock. (The connection's library timeout used to cut
+/// every reply off at 500 ms, whatever `request_timeout` said.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_timeout_is_the_lock_s_own_not_the_client_library_s() {
+    let Some(redis) = redis_or_skip("request timeout") else {
+        return;
+    };
+    let lock = Lock::new(
+        [redis.client()],
+        "slow-server",
+        LockOptions {
+            request_timeout: Duration::from_secs(4),
+            ..LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(10))
+        },
+    )
+    .expect("valid options");
+    // Connect first, so that the acquire below is not waiting to connect.
+    drop(lock.try_acquire().await.expect("an idle server answers"));
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut busy = redis
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect");
+    // A script that keeps the server busy for 1.2 s: every other client's
+    // command waits for it.
+    let spin = tokio::spawn(async move {
+        redis::cmd("EVAL")
+            .arg(
+                "local t = redis.call('TIME') \
+                 local from = t[1] * 1000000 + t[2] \
+                 repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - from > 1200000 \
+                 return 1",
+            )
+            .arg(0)
+            .query_async::<i64>(&mut busy)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let started = std::time::Instant::now();
+    let got = lock.try_acquire().await;
+    let waited = started.elapsed();
+    assert_eq!(
+        spin.await.expect("the spin task").expect("the script ran"),
+        1
+    );
+    let guard = got
+        .expect("a reply within the 4 s request timeout is an answer")
+        .expect("nobody else holds the lock");
+    assert!(
+        waited >= Duration::from_millis(600),
+        "the acquire waited for the busy server ({waited:?}), so the reply came after 500 ms"
+    );
+    assert!(guard.release().await.expect("released"));
+}
