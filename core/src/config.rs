@@ -237,12 +237,23 @@ impl Config {
 
     /// The key holding a lock's value: `{name}`.
     pub fn key(&self) -> String {
-        format!("{{{}}}", self.name)
+        // Built by hand: each acquire of a front end builds its keys, and
+        // `format!` costs several times as much.
+        let mut key = String::with_capacity(self.name.len() + 2);
+        key.push('{');
+        key.push_str(&self.name);
+        key.push('}');
+        key
     }
 
     /// A companion key of the lock: `{name}:suffix`.
     pub fn key_with(&self, suffix: &str) -> String {
-        format!("{{{}}}:{}", self.name, suffix)
+        let mut key = String::with_capacity(self.name.len() + suffix.len() + 3);
+        key.push('{');
+        key.push_str(&self.name);
+        key.push_str("}:");
+        key.push_str(suffix);
+        key
     }
 }
 

@@ -37,6 +37,7 @@ pub mod wire;
 
 pub use command::{Command, Reply, ScoreBound, SetCondition, SetExpiry, WRONGTYPE};
 pub use script::Script;
+pub use wire::Arg;
 
 use crate::time::Millis;
 use std::collections::{BTreeMap, BTreeSet};

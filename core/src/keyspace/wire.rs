@@ -19,44 +19,78 @@
 use super::command::{Command, ScoreBound, SetCondition, SetExpiry};
 use super::script::Script;
 
-fn score(bound: ScoreBound) -> String {
-    match bound {
-        ScoreBound::NegInf => "-inf".to_owned(),
-        ScoreBound::PosInf => "+inf".to_owned(),
-        ScoreBound::Inclusive(n) => n.to_string(),
-        ScoreBound::Exclusive(n) => format!("({n}"),
+/// One argument of a command as it goes over the wire, borrowed from the
+/// command: a string, or a number that is written in decimal. What
+/// [`Command::for_each_vector`] hands out, so that a front end can write a
+/// command's arguments (into its own buffer, RESP, or a client library's
+/// command type) without building a string for each of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// A string, as it is.
+    Str(&'a str),
+    /// A signed integer, in decimal.
+    Int(i64),
+    /// An unsigned integer, in decimal.
+    UInt(u64),
+    /// A `ZREMRANGEBYSCORE` bound: `-inf`, `+inf`, `5` or `(5`.
+    Score(ScoreBound),
+}
+
+impl Arg<'_> {
+    /// Call `f` with the argument's bytes (a number is written into a
+    /// buffer on the stack: no allocation).
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        let mut buf = [0u8; 24];
+        match *self {
+            Arg::Str(s) => f(s.as_bytes()),
+            Arg::Int(n) => f(decimal(i128::from(n), false, &mut buf)),
+            Arg::UInt(n) => f(decimal(i128::from(n), false, &mut buf)),
+            Arg::Score(ScoreBound::NegInf) => f(b"-inf"),
+            Arg::Score(ScoreBound::PosInf) => f(b"+inf"),
+            Arg::Score(ScoreBound::Inclusive(n)) => f(decimal(i128::from(n), false, &mut buf)),
+            Arg::Score(ScoreBound::Exclusive(n)) => f(decimal(i128::from(n), true, &mut buf)),
+        }
+    }
+
+    /// The argument as an owned string.
+    pub fn to_string_lossy(&self) -> String {
+        self.with_bytes(|b| String::from_utf8_lossy(b).into_owned())
     }
 }
 
-fn vector(name: &str, args: &[&str]) -> Vec<String> {
-    std::iter::once(name)
-        .chain(args.iter().copied())
-        .map(str::to_owned)
-        .collect()
+/// `n` in decimal at the end of `buf`, after `(` when `open`.
+fn decimal(n: i128, open: bool, buf: &mut [u8; 24]) -> &[u8] {
+    let mut at = buf.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    if open {
+        at -= 1;
+        buf[at] = b'(';
+    }
+    &buf[at..]
 }
 
-fn with_all(name: &str, first: &[&str], rest: &[String]) -> Vec<String> {
-    let mut v = vector(name, first);
-    v.extend(rest.iter().cloned());
-    v
-}
-
-fn eval(name: &str, script_or_sha: &str, keys: &[String], args: &[String]) -> Vec<String> {
-    let mut v = Vec::with_capacity(3 + keys.len() + args.len());
-    v.push(name.to_owned());
-    v.push(script_or_sha.to_owned());
-    v.push(keys.len().to_string());
-    v.extend(keys.iter().cloned());
-    v.extend(args.iter().cloned());
-    v
+fn strs<'a>(v: &mut Vec<Arg<'a>>, items: &'a [String]) {
+    v.extend(items.iter().map(|s| Arg::Str(s)));
 }
 
 impl Command {
-    /// The argument vector of this command as Redis reads it (`EVALSHA` for
-    /// a script). `None` for [`Command::Transaction`], which is several:
-    /// see [`Command::frames`].
-    pub fn argv(&self) -> Option<Vec<String>> {
-        Some(match self {
+    /// The arguments of this command, if it is a single vector, appended to
+    /// `v`; `false` for [`Command::Transaction`] (several vectors).
+    fn args<'a>(&'a self, v: &mut Vec<Arg<'a>>) -> bool {
+        use Arg::{Int, Str, UInt};
+        match self {
             Command::Set {
                 key,
                 value,
@@ -64,103 +98,165 @@ impl Command {
                 expiry,
                 get,
             } => {
-                let mut v = vector("SET", &[key, value]);
+                v.extend([Str("SET"), Str(key), Str(value)]);
                 match condition {
                     SetCondition::Always => {}
-                    SetCondition::Nx => v.push("NX".into()),
-                    SetCondition::Xx => v.push("XX".into()),
+                    SetCondition::Nx => v.push(Str("NX")),
+                    SetCondition::Xx => v.push(Str("XX")),
                 }
                 match expiry {
                     SetExpiry::None => {}
-                    SetExpiry::Px(ms) => v.extend(["PX".into(), ms.to_string()]),
-                    SetExpiry::PxAt(ms) => v.extend(["PXAT".into(), ms.to_string()]),
+                    SetExpiry::Px(ms) => v.extend([Str("PX"), UInt(*ms)]),
+                    SetExpiry::PxAt(ms) => v.extend([Str("PXAT"), UInt(*ms)]),
                 }
                 if *get {
-                    v.push("GET".into());
+                    v.push(Str("GET"));
                 }
-                v
             }
-            Command::SetNx { key, value } => vector("SETNX", &[key, value]),
-            Command::Get { key } => vector("GET", &[key]),
-            Command::GetSet { key, value } => vector("GETSET", &[key, value]),
-            Command::Del { keys } => with_all("DEL", &[], keys),
-            Command::Exists { keys } => with_all("EXISTS", &[], keys),
-            Command::Expire { key, seconds } => vector("EXPIRE", &[key, &seconds.to_string()]),
-            Command::PExpire { key, millis } => vector("PEXPIRE", &[key, &millis.to_string()]),
-            Command::Ttl { key } => vector("TTL", &[key]),
-            Command::PTtl { key } => vector("PTTL", &[key]),
-            Command::Incr { key } => vector("INCR", &[key]),
+            Command::SetNx { key, value } => v.extend([Str("SETNX"), Str(key), Str(value)]),
+            Command::Get { key } => v.extend([Str("GET"), Str(key)]),
+            Command::GetSet { key, value } => v.extend([Str("GETSET"), Str(key), Str(value)]),
+            Command::Del { keys } => {
+                v.push(Str("DEL"));
+                strs(v, keys);
+            }
+            Command::Exists { keys } => {
+                v.push(Str("EXISTS"));
+                strs(v, keys);
+            }
+            Command::Expire { key, seconds } => v.extend([Str("EXPIRE"), Str(key), Int(*seconds)]),
+            Command::PExpire { key, millis } => v.extend([Str("PEXPIRE"), Str(key), Int(*millis)]),
+            Command::Ttl { key } => v.extend([Str("TTL"), Str(key)]),
+            Command::PTtl { key } => v.extend([Str("PTTL"), Str(key)]),
+            Command::Incr { key } => v.extend([Str("INCR"), Str(key)]),
             Command::HIncrBy { key, field, by } => {
-                vector("HINCRBY", &[key, field, &by.to_string()])
+                v.extend([Str("HINCRBY"), Str(key), Str(field), Int(*by)]);
             }
-            Command::HExists { key, field } => vector("HEXISTS", &[key, field]),
-            Command::HGet { key, field } => vector("HGET", &[key, field]),
-            Command::HDel { key, fields } => with_all("HDEL", &[key], fields),
-            Command::SAdd { key, members } => with_all("SADD", &[key], members),
-            Command::SRem { key, members } => with_all("SREM", &[key], members),
-            Command::SCard { key } => vector("SCARD", &[key]),
-            Command::SIsMember { key, member } => vector("SISMEMBER", &[key, member]),
+            Command::HExists { key, field } => v.extend([Str("HEXISTS"), Str(key), Str(field)]),
+            Command::HGet { key, field } => v.extend([Str("HGET"), Str(key), Str(field)]),
+            Command::HDel { key, fields } => {
+                v.extend([Str("HDEL"), Str(key)]);
+                strs(v, fields);
+            }
+            Command::SAdd { key, members } => {
+                v.extend([Str("SADD"), Str(key)]);
+                strs(v, members);
+            }
+            Command::SRem { key, members } => {
+                v.extend([Str("SREM"), Str(key)]);
+                strs(v, members);
+            }
+            Command::SCard { key } => v.extend([Str("SCARD"), Str(key)]),
+            Command::SIsMember { key, member } => {
+                v.extend([Str("SISMEMBER"), Str(key), Str(member)]);
+            }
             Command::ZAdd { key, members } => {
-                let mut v = vector("ZADD", &[key]);
-                for (s, member) in members {
-                    v.push(s.to_string());
-                    v.push(member.clone());
+                v.extend([Str("ZADD"), Str(key)]);
+                for (score, member) in members {
+                    v.extend([Int(*score), Str(member)]);
                 }
-                v
             }
-            Command::ZRem { key, members } => with_all("ZREM", &[key], members),
-            Command::ZRank { key, member } => vector("ZRANK", &[key, member]),
-            Command::ZScore { key, member } => vector("ZSCORE", &[key, member]),
-            Command::ZCard { key } => vector("ZCARD", &[key]),
-            Command::ZRemRangeByScore { key, min, max } => {
-                vector("ZREMRANGEBYSCORE", &[key, &score(*min), &score(*max)])
+            Command::ZRem { key, members } => {
+                v.extend([Str("ZREM"), Str(key)]);
+                strs(v, members);
             }
+            Command::ZRank { key, member } => v.extend([Str("ZRANK"), Str(key), Str(member)]),
+            Command::ZScore { key, member } => v.extend([Str("ZSCORE"), Str(key), Str(member)]),
+            Command::ZCard { key } => v.extend([Str("ZCARD"), Str(key)]),
+            Command::ZRemRangeByScore { key, min, max } => v.extend([
+                Str("ZREMRANGEBYSCORE"),
+                Str(key),
+                Arg::Score(*min),
+                Arg::Score(*max),
+            ]),
             Command::ZInterStore {
                 dest,
                 keys,
                 weights,
             } => {
-                let mut v = with_all("ZINTERSTORE", &[dest, &keys.len().to_string()], keys);
-                v.push("WEIGHTS".into());
-                v.extend(weights.iter().map(i64::to_string));
-                v
+                v.extend([Str("ZINTERSTORE"), Str(dest), UInt(keys.len() as u64)]);
+                strs(v, keys);
+                v.push(Str("WEIGHTS"));
+                v.extend(weights.iter().map(|w| Int(*w)));
             }
-            Command::Time => vector("TIME", &[]),
-            Command::Watch { keys } => with_all("WATCH", &[], keys),
-            Command::Unwatch => vector("UNWATCH", &[]),
-            Command::Multi => vector("MULTI", &[]),
-            Command::Exec => vector("EXEC", &[]),
-            Command::Discard => vector("DISCARD", &[]),
-            Command::Transaction(_) => return None,
+            Command::Time => v.push(Str("TIME")),
+            Command::Watch { keys } => {
+                v.push(Str("WATCH"));
+                strs(v, keys);
+            }
+            Command::Unwatch => v.push(Str("UNWATCH")),
+            Command::Multi => v.push(Str("MULTI")),
+            Command::Exec => v.push(Str("EXEC")),
+            Command::Discard => v.push(Str("DISCARD")),
+            Command::Transaction(_) => return false,
             Command::Wait {
                 replicas,
                 timeout_ms,
-            } => vector("WAIT", &[&replicas.to_string(), &timeout_ms.to_string()]),
-            Command::Publish { channel, message } => vector("PUBLISH", &[channel, message]),
-            Command::Eval { script, keys, args } => eval("EVALSHA", script.sha1(), keys, args),
-        })
+            } => v.extend([Str("WAIT"), UInt(u64::from(*replicas)), UInt(*timeout_ms)]),
+            Command::Publish { channel, message } => {
+                v.extend([Str("PUBLISH"), Str(channel), Str(message)]);
+            }
+            Command::Eval { script, keys, args } => {
+                v.extend([Str("EVALSHA"), Str(script.sha1()), UInt(keys.len() as u64)]);
+                strs(v, keys);
+                strs(v, args);
+            }
+        }
+        true
+    }
+
+    /// Call `f` with each argument vector to write for this command, in
+    /// order: the same vectors as [`Command::frames`], borrowed from the
+    /// command (one scratch vector is allocated for the call, none per
+    /// argument).
+    pub fn for_each_vector<'a>(&'a self, mut f: impl FnMut(&[Arg<'a>])) {
+        let mut scratch = Vec::with_capacity(8);
+        self.vectors(&mut scratch, &mut f);
+    }
+
+    fn vectors<'a>(&'a self, scratch: &mut Vec<Arg<'a>>, f: &mut impl FnMut(&[Arg<'a>])) {
+        scratch.clear();
+        if self.args(scratch) {
+            f(scratch);
+            return;
+        }
+        if let Command::Transaction(commands) = self {
+            f(&[Arg::Str("MULTI")]);
+            for command in commands {
+                command.vectors(scratch, f);
+            }
+            f(&[Arg::Str("EXEC")]);
+        }
+    }
+
+    /// The argument vector of this command as Redis reads it (`EVALSHA` for
+    /// a script). `None` for [`Command::Transaction`], which is several:
+    /// see [`Command::frames`].
+    pub fn argv(&self) -> Option<Vec<String>> {
+        let mut v = Vec::new();
+        self.args(&mut v)
+            .then(|| v.iter().map(Arg::to_string_lossy).collect())
     }
 
     /// The vectors to write, in order, for this command: one for a single
     /// command, `MULTI` … `EXEC` for a transaction. The command's reply is
     /// the reply to the last vector.
     pub fn frames(&self) -> Vec<Vec<String>> {
-        match self {
-            Command::Transaction(commands) => {
-                let mut frames = vec![vector("MULTI", &[])];
-                frames.extend(commands.iter().flat_map(Command::frames));
-                frames.push(vector("EXEC", &[]));
-                frames
-            }
-            single => single.argv().into_iter().collect(),
-        }
+        let mut frames = Vec::new();
+        self.for_each_vector(|v| frames.push(v.iter().map(Arg::to_string_lossy).collect()));
+        frames
     }
 
     /// For [`Command::Eval`], the `EVAL` vector carrying the script's text:
     /// what to send when `EVALSHA` was answered `NOSCRIPT`.
     pub fn eval_text_argv(&self) -> Option<Vec<String>> {
+        let mut v = Vec::new();
         match self {
-            Command::Eval { script, keys, args } => Some(eval("EVAL", script.lua(), keys, args)),
+            Command::Eval { script, .. } if self.args(&mut v) => {
+                v[0] = Arg::Str("EVAL");
+                v[1] = Arg::Str(script.lua());
+                Some(v.iter().map(Arg::to_string_lossy).collect())
+            }
             _ => None,
         }
     }
@@ -247,6 +343,55 @@ fn sha1(data: &[u8]) -> [u8; 20] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_written_as_rust_writes_them() {
+        let cases = [
+            (Arg::Int(0), "0".to_owned()),
+            (Arg::Int(-7), "-7".to_owned()),
+            (Arg::Int(i64::MIN), i64::MIN.to_string()),
+            (Arg::Int(i64::MAX), i64::MAX.to_string()),
+            (Arg::UInt(u64::MAX), u64::MAX.to_string()),
+            (Arg::Score(ScoreBound::Exclusive(-3)), "(-3".to_owned()),
+            (
+                Arg::Score(ScoreBound::Exclusive(i64::MIN)),
+                format!("({}", i64::MIN),
+            ),
+            (Arg::Score(ScoreBound::Inclusive(12)), "12".to_owned()),
+            (Arg::Score(ScoreBound::NegInf), "-inf".to_owned()),
+            (Arg::Score(ScoreBound::PosInf), "+inf".to_owned()),
+        ];
+        for (arg, text) in cases {
+            assert_eq!(arg.to_string_lossy(), text, "{arg:?}");
+        }
+    }
+
+    #[test]
+    fn borrowed_vectors_are_the_frames() {
+        let t = Command::Transaction(vec![
+            Command::ZRemRangeByScore {
+                key: "z".into(),
+                min: ScoreBound::NegInf,
+                max: ScoreBound::Exclusive(5),
+            },
+            Command::Wait {
+                replicas: 2,
+                timeout_ms: 30,
+            },
+        ]);
+        let mut seen = Vec::new();
+        t.for_each_vector(|v| seen.push(v.iter().map(Arg::to_string_lossy).collect::<Vec<_>>()));
+        assert_eq!(
+            seen,
+            [
+                vec!["MULTI"],
+                vec!["ZREMRANGEBYSCORE", "z", "-inf", "(5"],
+                vec!["WAIT", "2", "30"],
+                vec!["EXEC"],
+            ]
+        );
+        assert_eq!(seen, t.frames());
+    }
 
     #[test]
     fn sha1_matches_the_standard_vectors() {
