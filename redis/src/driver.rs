@@ -96,15 +96,45 @@ pub(crate) struct NodeSettings {
 
 /// How to remove, with the owner token alone, a hold the machine does not
 /// (or no longer) knows of: the command for every node, and whether to
-/// repeat it while it answers `0` (a reentrant count above one).
+/// repeat it while it answers `0` (a reentrant count above one). Built once
+/// per lock; the command is written out only when a release by token is
+/// sent (rarely: after an unanswered acquire, or a release of a hold
+/// already lost).
 #[derive(Clone, Debug)]
 pub(crate) struct TokenRelease {
-    pub(crate) command: lockwright_core::keyspace::Command,
+    pub(crate) script: lockwright_core::keyspace::Script,
+    /// The script's keys.
+    pub(crate) keys: Vec<String>,
+    /// The arguments before the token.
+    pub(crate) args_before: Vec<String>,
+    /// Ask the script to publish a release notice.
+    pub(crate) notify: bool,
     pub(crate) repeat_while_zero: bool,
     /// Also after an acquire request without a reply: the machine retries
     /// under the same token and would otherwise wait for its own hold.
     /// (RedLock and the semaphores undo such attempts themselves.)
     pub(crate) after_unknown_attempt: bool,
+}
+
+impl TokenRelease {
+    /// The command that removes `token`'s hold.
+    fn command(&self, token: &lockwright_core::Token) -> lockwright_core::keyspace::Command {
+        let mut args = Vec::with_capacity(self.args_before.len() + 2);
+        args.extend(self.args_before.iter().cloned());
+        args.push(token.0.clone());
+        lockwright_core::keyspace::Command::Eval {
+            script: self.script,
+            keys: self.keys.clone(),
+            args: lockwright_core::keyspace::script::release_args(args, self.notify),
+        }
+    }
+}
+
+/// A hold's [`TokenRelease`]: the lock's, and the hold's owner token.
+#[derive(Debug)]
+pub(crate) struct HoldRelease {
+    pub(crate) how: std::sync::Arc<TokenRelease>,
+    pub(crate) token: lockwright_core::Token,
 }
 
 /// Token-release requests carry ids from the top of the range, which no
@@ -145,7 +175,7 @@ pub(crate) fn new(
     routes: &[Route],
     settings: &NodeSettings,
     span: tracing::Span,
-    token_release: Option<TokenRelease>,
+    token_release: Option<HoldRelease>,
 ) -> Inline {
     let (lost, _) = watch::channel(false);
     Inline(Some(Box::new(Driver {
@@ -322,7 +352,7 @@ struct Driver {
     /// outcome, and so the operation's, is unknown.
     unanswered: Option<String>,
     /// How to remove a hold by its token (None: the protocol cannot).
-    token_release: Option<TokenRelease>,
+    token_release: Option<HoldRelease>,
     /// Token-release requests in flight.
     token_requests: Vec<TokenReleaseRequest>,
     next_token_id: u64,
@@ -474,7 +504,7 @@ impl Driver {
                     return;
                 }
                 let rounds = match &self.token_release {
-                    Some(t) if t.repeat_while_zero => usize::MAX,
+                    Some(t) if t.how.repeat_while_zero => usize::MAX,
                     _ => 1,
                 };
                 self.send_token_release(rounds, 0);
@@ -542,7 +572,7 @@ impl Driver {
                 if self
                     .token_release
                     .as_ref()
-                    .is_some_and(|t| t.after_unknown_attempt)
+                    .is_some_and(|t| t.how.after_unknown_attempt)
                 {
                     // Before the machine's retry under the same token; one
                     // round only (an unanswered attempt adds one level at
@@ -577,7 +607,7 @@ impl Driver {
         let Some(release) = &self.token_release else {
             return;
         };
-        let command = release.command.clone();
+        let command = release.how.command(&release.token);
         for node in 0..self.answered.len() {
             self.send_token_request(node, command.clone(), rounds, retries, true);
         }
@@ -619,7 +649,7 @@ impl Driver {
             return;
         };
         let request = self.token_requests.swap_remove(at);
-        let command = self.token_release.as_ref().map(|t| t.command.clone());
+        let command = self.token_release.as_ref().map(|t| t.how.command(&t.token));
         match (&outcome, failure, command) {
             (_, Some(_), Some(command)) if request.retries_left > 0 => {
                 self.send_token_request(
@@ -650,7 +680,7 @@ impl Driver {
                 if self
                     .token_release
                     .as_ref()
-                    .is_some_and(|t| t.repeat_while_zero) =>
+                    .is_some_and(|t| t.how.repeat_while_zero) =>
             {
                 // Levels of ours are left (an undo's single round): the
                 // machine's last release takes them off.

@@ -2,13 +2,12 @@
 
 use crate::clock::clock;
 use crate::conn::{Nodes, Route};
-use crate::driver::{self, Holder, How, NodeSettings, Op, TokenRelease};
+use crate::driver::{self, HoldRelease, Holder, How, NodeSettings, Op, TokenRelease};
 use crate::keys::KeyMap;
 use crate::lease_cell::{LeaseCell, Phase};
 use crate::notices::Notices;
 use crate::token::{seed, token_and_seed};
 use crate::{Error, LimitError, OptionsError};
-use lockwright_core::keyspace::script::release_args;
 use lockwright_core::keyspace::{Command, Reply, Script};
 use lockwright_core::{Config, Fence, Kind, Lease, Machine, ProtocolId, Token, UsageError};
 use std::fmt;
@@ -200,6 +199,8 @@ struct Shared {
     settings: NodeSettings,
     /// With `notify`: the lock's release notices and line of waiters.
     notices: Option<Arc<Notices>>,
+    /// How a hold is removed by its owner token (`None`: it cannot be).
+    token_release: Option<Arc<TokenRelease>>,
 }
 
 impl Shared {
@@ -269,6 +270,7 @@ impl Shared {
         Ok(Shared {
             routes,
             protocol: options.protocol,
+            token_release: Shared::token_release(options.protocol, &config),
             config,
             settings,
             notices,
@@ -432,7 +434,10 @@ impl Shared {
                 seed,
                 ..self.config.clone()
             };
-            let token_release = self.token_release(&token);
+            let token_release = self.token_release.as_ref().map(|how| HoldRelease {
+                how: std::sync::Arc::clone(how),
+                token: token.clone(),
+            });
             let machine = build_machine(self.protocol, &config, token)?;
             // The acquire runs in this future. Dropping the future part-way
             // drops `driver`, which then finishes in a task of its own: it
@@ -472,52 +477,48 @@ impl Shared {
     /// where nothing on the server names the owner (`setnx-getset` stores a
     /// timestamp) or the release is a multi-step recipe (the ZSET and WATCH
     /// semaphores).
-    fn token_release(&self, token: &Token) -> Option<TokenRelease> {
-        let notify = self.config.notify_releases;
-        let compare_and_delete = || Command::Eval {
-            script: Script::CompareAndDelete,
-            keys: vec![self.config.key()],
-            args: release_args(vec![token.0.clone()], notify),
+    fn token_release(
+        protocol: ProtocolId,
+        config: &Config,
+    ) -> Option<std::sync::Arc<TokenRelease>> {
+        let with = |script, keys, args_before, repeat_while_zero, after_unknown_attempt| {
+            Some(std::sync::Arc::new(TokenRelease {
+                script,
+                keys,
+                args_before,
+                notify: config.notify_releases,
+                repeat_while_zero,
+                after_unknown_attempt,
+            }))
         };
-        let (command, repeat_while_zero, after_unknown_attempt) = match self.protocol {
+        let key = || vec![config.key()];
+        match protocol {
             ProtocolId::SetPxLua
             | ProtocolId::SetPxGetDel
             | ProtocolId::SetPxWatch
             | ProtocolId::Fenced
             | ProtocolId::TimeFenced
             | ProtocolId::SetnxDel
-            | ProtocolId::SetnxExpire => (compare_and_delete(), false, true),
+            | ProtocolId::SetnxExpire => with(Script::CompareAndDelete, key(), vec![], false, true),
             // The machine undoes an unanswered round on every master itself.
-            ProtocolId::Redlock => (compare_and_delete(), false, false),
+            ProtocolId::Redlock => with(Script::CompareAndDelete, key(), vec![], false, false),
             // A lost hold's levels all go: unlock while levels are left.
-            ProtocolId::Reentrant => (
-                Command::Eval {
-                    script: Script::ReentrantUnlock,
-                    keys: vec![self.config.key()],
-                    args: release_args(
-                        vec![self.config.ttl_ms.to_string(), token.0.clone()],
-                        notify,
-                    ),
-                },
+            ProtocolId::Reentrant => with(
+                Script::ReentrantUnlock,
+                key(),
+                vec![config.ttl_ms.to_string()],
                 true,
                 true,
             ),
-            ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore => (
-                Command::Eval {
-                    script: Script::LeaseRelease,
-                    keys: vec![released_key(self.protocol, &self.config)],
-                    args: release_args(vec![token.0.clone()], notify),
-                },
+            ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore => with(
+                Script::LeaseRelease,
+                vec![released_key(protocol, config)],
+                vec![],
                 false,
                 false,
             ),
-            _ => return None,
-        };
-        Some(TokenRelease {
-            command,
-            repeat_while_zero,
-            after_unknown_attempt,
-        })
+            _ => None,
+        }
     }
 
     fn fmt_nodes(&self) -> Vec<String> {

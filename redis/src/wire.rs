@@ -3,20 +3,44 @@
 //! Public so that tests (the conformance suite) send exactly what the driver
 //! sends and read replies exactly as the driver reads them.
 
-use lockwright_core::keyspace::{Command, Reply};
+use lockwright_core::keyspace::{Arg, Command, Reply};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Value};
 
 /// The Redis commands written for a core [`Command`], in order: its
-/// argument vectors ([`Command::frames`]), so `MULTI`, the inner commands and
-/// `EXEC` for a [`Command::Transaction`], `EVALSHA` for a script. The
-/// command's reply is the reply to the last one.
+/// argument vectors ([`Command::for_each_vector`]), so `MULTI`, the inner
+/// commands and `EXEC` for a [`Command::Transaction`], `EVALSHA` for a
+/// script. The command's reply is the reply to the last one. Each argument
+/// is copied once, straight from the command into the `Cmd`.
 pub fn to_cmds(command: &Command) -> Vec<Cmd> {
-    command
-        .frames()
+    let mut cmds = Vec::with_capacity(1);
+    command.for_each_vector(|argv| cmds.push(cmd_of(argv)));
+    cmds
+}
+
+/// The one `Cmd` of a command that is a single vector (every command but a
+/// transaction), without the vector of `Cmd`s that [`to_cmds`] builds.
+fn single_cmd(command: &Command) -> Cmd {
+    let mut cmd = Cmd::new();
+    command.for_each_vector(|argv| cmd = cmd_of(argv));
+    cmd
+}
+
+fn cmd_of(argv: &[Arg<'_>]) -> Cmd {
+    let data = argv
         .iter()
-        .map(|argv| from_argv(argv))
-        .collect()
+        .map(|a| match a {
+            Arg::Str(s) => s.len(),
+            _ => 20,
+        })
+        .sum::<usize>();
+    let mut c = Cmd::with_capacity(argv.len(), data);
+    for arg in argv {
+        arg.with_bytes(|b| {
+            c.arg(b);
+        });
+    }
+    c
 }
 
 fn from_argv(argv: &[String]) -> Cmd {
@@ -91,12 +115,18 @@ pub async fn execute<C: ConnectionLike + Send + ?Sized>(
     conn: &mut C,
     command: &Command,
 ) -> Result<Value, RedisError> {
-    let first = send(conn, &to_cmds(command)).await;
-    match command.eval_text_argv() {
-        Some(text) if is_noscript(&first) => {
-            if let Command::Eval { script, .. } = command {
-                tracing::debug!(script = script.name(), "NOSCRIPT: sending the script text");
-            }
+    let first = match command {
+        Command::Transaction(_) => send(conn, &to_cmds(command)).await,
+        single => conn.req_packed_command(&single_cmd(single)).await,
+    };
+    // The script's text only when the server asked for it (building the
+    // `EVAL` vector copies the whole script).
+    if !is_noscript(&first) {
+        return first;
+    }
+    match (command, command.eval_text_argv()) {
+        (Command::Eval { script, .. }, Some(text)) => {
+            tracing::debug!(script = script.name(), "NOSCRIPT: sending the script text");
             conn.req_packed_command(&from_argv(&text)).await
         }
         _ => first,
