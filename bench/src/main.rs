@@ -15,6 +15,7 @@
 mod contention;
 mod market;
 mod model_run;
+mod points;
 mod report;
 mod stampede;
 mod throughput;
@@ -51,6 +52,10 @@ pub(crate) struct Settings {
     pub(crate) stampede_readers: usize,
     /// The command line, for the report.
     pub(crate) command: String,
+    /// `--point`: measure only these section-1 points.
+    pub(crate) points: Vec<points::Spec>,
+    /// `--rounds`: how many times each `--point` is measured.
+    pub(crate) rounds: usize,
 }
 
 fn workspace_root() -> PathBuf {
@@ -80,6 +85,8 @@ fn parse_args(args: &[String]) -> Result<Settings> {
         } else {
             "cargo run --release -p lockwright-bench".into()
         },
+        points: Vec::new(),
+        rounds: 3,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -100,9 +107,22 @@ fn parse_args(args: &[String]) -> Result<Settings> {
                     .map(PathBuf::from)
                     .ok_or_else(|| BenchError("--out needs a path".into()))?;
             }
+            "--point" => {
+                let text = it
+                    .next()
+                    .ok_or_else(|| BenchError("--point needs WHO:MASTERS:TASKS".into()))?;
+                s.points.push(points::parse(text)?);
+            }
+            "--rounds" => {
+                s.rounds = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n: &usize| n >= 1)
+                    .ok_or_else(|| BenchError("--rounds needs a whole number ≥ 1".into()))?;
+            }
             "--help" | "-h" => {
                 return Err(BenchError(
-                    "usage: lockwright-bench [--quick] [--model | --no-model] [--model-cap SECS] [--out PATH]"
+                    "usage: lockwright-bench [--quick] [--model | --no-model] [--model-cap SECS] [--out PATH]\n       lockwright-bench [--quick] --point WHO:MASTERS:TASKS [--point ...] [--rounds N]"
                         .into(),
                 ))
             }
@@ -129,10 +149,11 @@ fn main() -> ExitCode {
         };
     }
     match parse_args(&args).and_then(run) {
-        Ok(path) => {
+        Ok(Some(path)) => {
             eprintln!("wrote {}", path.display());
             ExitCode::SUCCESS
         }
+        Ok(None) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lockwright-bench: {e}");
             ExitCode::FAILURE
@@ -146,13 +167,23 @@ fn start_servers(n: usize) -> Result<Vec<RedisServer>> {
         .collect()
 }
 
-fn run(settings: Settings) -> Result<PathBuf> {
+fn run(settings: Settings) -> Result<Option<PathBuf>> {
     let started = std::time::Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     eprintln!("starting 5 redis-server masters");
     let masters = start_servers(5)?;
+    if !settings.points.is_empty() {
+        runtime.block_on(points::run(
+            &settings.points,
+            settings.rounds,
+            settings.warmup,
+            settings.window,
+            &masters,
+        ))?;
+        return Ok(None);
+    }
     let mut report = report::Report::new(settings.clone());
     runtime.block_on(report::run_redis_sections(&settings, &masters, &mut report))?;
     drop(masters);
@@ -172,5 +203,5 @@ fn run(settings: Settings) -> Result<PathBuf> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&settings.out, text)?;
-    Ok(settings.out)
+    Ok(Some(settings.out))
 }

@@ -192,6 +192,9 @@ impl Contender {
 pub(crate) struct Point {
     /// Cycles completed inside the window.
     pub(crate) cycles: u64,
+    /// Cycles completed in all, warm-up and the tail after the window
+    /// included (for per-cycle costs read off a profiler).
+    pub(crate) cycles_run: u64,
     /// Cycles per second.
     pub(crate) per_sec: f64,
     /// Cycles in which the lock turned out not to be held (expected 0).
@@ -299,6 +302,7 @@ pub(crate) async fn measure(
     for h in handles {
         h.await??;
     }
+    let cycles_run = cycles.load(Ordering::Relaxed);
     let done = c1 - c0;
     let per = done.max(1) as f64;
     let client = match (client0, client1) {
@@ -308,6 +312,7 @@ pub(crate) async fn measure(
     let server = (server1 - server0).max(0.0);
     Ok(Point {
         cycles: done,
+        cycles_run,
         per_sec: done as f64 / elapsed.as_secs_f64(),
         anomalies: a1 - a0,
         commands_per_cycle: commands.values().sum::<u64>() as f64 / done.max(1) as f64,
