@@ -17,6 +17,7 @@ mod market;
 mod model_run;
 mod points;
 mod report;
+mod scale;
 mod stampede;
 mod throughput;
 mod util;
@@ -52,6 +53,12 @@ pub(crate) struct Settings {
     pub(crate) stampede_readers: usize,
     /// The command line, for the report.
     pub(crate) command: String,
+    /// Section 5: the hold counts.
+    pub(crate) scale_counts: Vec<usize>,
+    /// Section 5: the TTL of the renewing holds.
+    pub(crate) scale_ttl: Duration,
+    /// Section 5: the window over which renewals are counted.
+    pub(crate) scale_window: Duration,
     /// `--point`: measure only these section-1 points.
     pub(crate) points: Vec<points::Spec>,
     /// `--rounds`: how many times each `--point` is measured.
@@ -85,6 +92,13 @@ fn parse_args(args: &[String]) -> Result<Settings> {
         } else {
             "cargo run --release -p lockwright-bench".into()
         },
+        scale_counts: if quick {
+            vec![1_000, 10_000]
+        } else {
+            vec![1_000, 10_000, 100_000]
+        },
+        scale_ttl: Duration::from_secs(if quick { 6 } else { 30 }),
+        scale_window: Duration::from_secs(if quick { 6 } else { 30 }),
         points: Vec::new(),
         rounds: 3,
     };
@@ -107,6 +121,20 @@ fn parse_args(args: &[String]) -> Result<Settings> {
                     .map(PathBuf::from)
                     .ok_or_else(|| BenchError("--out needs a path".into()))?;
             }
+            "--scale" => {
+                let text = it
+                    .next()
+                    .ok_or_else(|| BenchError("--scale needs hold counts, e.g. 1000,10000".into()))?;
+                s.scale_counts = text
+                    .split(',')
+                    .map(|c| c.trim().parse::<usize>().ok().filter(|&n| (1..=1_000_000).contains(&n)))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        BenchError(format!(
+                            "--scale {text:?}: hold counts from 1 to 1000000, separated by commas"
+                        ))
+                    })?;
+            }
             "--point" => {
                 let text = it
                     .next()
@@ -122,7 +150,7 @@ fn parse_args(args: &[String]) -> Result<Settings> {
             }
             "--help" | "-h" => {
                 return Err(BenchError(
-                    "usage: lockwright-bench [--quick] [--model | --no-model] [--model-cap SECS] [--out PATH]\n       lockwright-bench [--quick] --point WHO:MASTERS:TASKS [--point ...] [--rounds N]"
+                    "usage: lockwright-bench [--quick] [--model | --no-model] [--model-cap SECS] [--scale COUNTS] [--out PATH]\n       lockwright-bench [--quick] --point WHO:MASTERS:TASKS [--point ...] [--rounds N]"
                         .into(),
                 ))
             }

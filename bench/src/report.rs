@@ -3,6 +3,7 @@
 use crate::contention::{self, Contention, Waiter};
 use crate::market::{self, Market, Variant};
 use crate::model_run::{CellOutcome, ModelCell};
+use crate::scale::{self, Scale};
 use crate::stampede::{self, Stampede};
 use crate::throughput::{self, Contender, Point};
 use crate::util::{mean, ms, quantile, render_counts, Result};
@@ -31,15 +32,22 @@ pub(crate) struct Row {
     pub(crate) point: Point,
 }
 
+/// Section 1 runs every point twice, in two passes one after the other:
+/// the tables show the first; the targets are judged in both.
+const PASSES: usize = 2;
+
 /// Everything measured in one run.
 #[derive(Debug)]
 pub(crate) struct Report {
     settings: Settings,
     rows: Vec<Row>,
+    /// The second pass of section 1.
+    rows_again: Vec<Row>,
     contention: Vec<(String, Contention)>,
     market_options: String,
     market: Vec<(Variant, usize, usize, Market)>,
     stampede: Vec<(bool, Stampede)>,
+    scale: Vec<Scale>,
     /// The model section, when it ran.
     pub(crate) model: Option<Vec<ModelCell>>,
     /// Checker threads.
@@ -54,10 +62,12 @@ impl Report {
         Report {
             settings,
             rows: Vec::new(),
+            rows_again: Vec::new(),
             contention: Vec::new(),
             market_options: String::new(),
             market: Vec::new(),
             stampede: Vec::new(),
+            scale: Vec::new(),
             model: None,
             model_threads: 0,
             wall: Duration::ZERO,
@@ -65,8 +75,11 @@ impl Report {
     }
 
     fn row(&self, who: &str, masters: usize, tasks: usize) -> Option<&Point> {
-        self.rows
-            .iter()
+        Report::find(&self.rows, who, masters, tasks)
+    }
+
+    fn find<'a>(rows: &'a [Row], who: &str, masters: usize, tasks: usize) -> Option<&'a Point> {
+        rows.iter()
             .find(|r| r.who == who && r.masters == masters && r.tasks == tasks)
             .map(|r| &r.point)
     }
@@ -114,39 +127,47 @@ pub(crate) async fn run_redis_sections(
     all.push(("raw", None, 3));
     all.push(("raw", None, 5));
     eprintln!(
-        "[1/4] lock+unlock cycles/s ({} points, {:.1} s each)",
+        "[1/5] lock+unlock cycles/s ({} points, {:.1} s each, {PASSES} passes)",
         all.len() * TASKS.len(),
         window.as_secs_f64()
     );
-    for (who, protocol, n) in all {
-        let servers = &masters[..n];
-        let clients: Vec<redis::Client> = servers.iter().map(RedisServer::client).collect();
-        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-        let mut admin = admins(servers).await;
-        for tasks in TASKS {
-            let contender = match (who, protocol) {
-                (_, Some(p)) => Contender::adapter(p, &clients, tasks)?,
-                ("rslock", None) => Contender::rslock(&urls, tasks)?,
-                _ => Contender::raw(&clients, tasks).await?,
-            };
-            let point =
-                throughput::measure(&mut admin, Arc::new(contender), tasks, warmup, window).await?;
-            eprintln!(
-                "  {who:<20} {n} master(s) {tasks:>2} task(s): {:>8.0} cycles/s, {:.2} commands and {:.2} connections per cycle",
-                point.per_sec, point.commands_per_cycle, point.connections_per_cycle
-            );
-            report.rows.push(Row {
-                who: who.to_owned(),
-                masters: n,
-                tasks,
-                point,
-            });
+    for pass in 1..=PASSES {
+        for &(who, protocol, n) in &all {
+            let servers = &masters[..n];
+            let clients: Vec<redis::Client> = servers.iter().map(RedisServer::client).collect();
+            let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+            let mut admin = admins(servers).await;
+            for tasks in TASKS {
+                let contender = match (who, protocol) {
+                    (_, Some(p)) => Contender::adapter(p, &clients, tasks)?,
+                    ("rslock", None) => Contender::rslock(&urls, tasks)?,
+                    _ => Contender::raw(&clients, tasks).await?,
+                };
+                let point =
+                    throughput::measure(&mut admin, Arc::new(contender), tasks, warmup, window)
+                        .await?;
+                eprintln!(
+                    "  pass {pass}: {who:<20} {n} master(s) {tasks:>2} task(s): {:>8.0} cycles/s, {:.2} commands and {:.2} connections per cycle",
+                    point.per_sec, point.commands_per_cycle, point.connections_per_cycle
+                );
+                let row = Row {
+                    who: who.to_owned(),
+                    masters: n,
+                    tasks,
+                    point,
+                };
+                if pass == 1 {
+                    report.rows.push(row);
+                } else {
+                    report.rows_again.push(row);
+                }
+            }
         }
     }
 
     // Section 2, on a server of its own.
     eprintln!(
-        "[2/4] contention: {} waiters, {} ms hold, {:.1} s per configuration",
+        "[2/5] contention: {} waiters, {} ms hold, {:.1} s per configuration",
         contention::WAITERS,
         contention::HOLD.as_millis(),
         settings.contention_window.as_secs_f64()
@@ -202,7 +223,7 @@ pub(crate) async fn run_redis_sections(
 
     // Section 3.
     eprintln!(
-        "[3/4] marketplace: 3 variants × 3 mixes, {:.1} s each",
+        "[3/5] marketplace: 3 variants × 3 mixes, {:.1} s each",
         settings.market_window.as_secs_f64()
     );
     let server =
@@ -243,7 +264,7 @@ pub(crate) async fn run_redis_sections(
 
     // Section 4.
     eprintln!(
-        "[4/4] cache stampede: {} readers, {} rounds, {} ms loader",
+        "[4/5] cache stampede: {} readers, {} rounds, {} ms loader",
         settings.stampede_readers,
         settings.stampede_rounds,
         stampede::LOAD.as_millis()
@@ -270,6 +291,37 @@ pub(crate) async fn run_redis_sections(
             ms(quantile(&s.latencies, 0.99))
         );
         report.stampede.push((guarded, s));
+    }
+    drop(server);
+
+    // Section 5.
+    eprintln!(
+        "[5/5] {} renewing holds at once ({}, TTL {} s, {} s each)",
+        settings
+            .scale_counts
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        scale::PROTOCOL,
+        settings.scale_ttl.as_secs(),
+        settings.scale_window.as_secs()
+    );
+    let server =
+        RedisServer::start().map_err(|e| crate::util::BenchError::new("redis-server", e))?;
+    let client = server.client();
+    for &count in &settings.scale_counts {
+        let s = scale::run(&client, count, settings.scale_ttl, settings.scale_window).await?;
+        eprintln!(
+            "  {count:>7} holds: {} per hold, {:.0} renewals/s of {:.0} ideal, lag p99 {} ms, {} lost",
+            s.bytes_per_hold
+                .map_or_else(|| "n/a".to_owned(), |b| format!("{:.0} B", b)),
+            s.renewals_per_sec,
+            s.ideal_per_sec,
+            ms(quantile(&s.lags, 0.99)),
+            s.lost
+        );
+        report.scale.push(s);
     }
     Ok(())
 }
@@ -384,6 +436,7 @@ impl Report {
         self.render_contention(&mut o);
         self.render_market(&mut o);
         self.render_stampede(&mut o);
+        self.render_scale(&mut o);
         self.render_model(&mut o);
         o
     }
@@ -439,27 +492,7 @@ impl Report {
                 row.masters, row.tasks, p.per_sec, rs.per_sec, raw.per_sec, vs_rs, vs_raw,
                 p.commands_per_cycle, p.connections_per_cycle
             );
-            let want_rs = if row.tasks == 1 { 1.0 } else { 1.5 };
-            targets.push(format!(
-                "| {protocol}, {} master(s), {} task(s) | ≥ {want_rs:.1}× rslock | {:.2}× | {} |",
-                row.masters,
-                row.tasks,
-                vs_rs,
-                verdict(vs_rs >= want_rs)
-            ));
-            targets.push(format!(
-                "| {protocol}, {} master(s), {} task(s) | ≥ 0.9× raw | {:.2}× | {} |",
-                row.masters,
-                row.tasks,
-                vs_raw,
-                verdict(vs_raw >= 0.9)
-            ));
-            if protocol == "redlock" && row.masters == 5 && row.tasks == 16 {
-                targets.push(format!(
-                    "| redlock, 5 masters, 16 tasks | ≥ 2× rslock | {vs_rs:.2}× | {} |",
-                    verdict(vs_rs >= 2.0)
-                ));
-            }
+            targets.extend(self.targets(protocol, row.masters, row.tasks));
         }
         let _ = writeln!(o);
         let _ = writeln!(
@@ -502,13 +535,75 @@ impl Report {
             "\nCycles in which the lock was found not held at release: {anomalies} (expected 0).\n"
         );
         let _ = writeln!(o, "### Targets\n");
-        let _ = writeln!(o, "| point | target | measured | |\n|---|---|---:|---|");
+        let _ = writeln!(
+            o,
+            "Every point of this section was measured twice, in two passes one after the other \
+             (the tables above show the first); a target is met only when it is met in both. \
+             The raw loop is the limit (the same two round trips with nothing else): \
+             `set-px-lua` and `redlock` are to sit at ≥ 0.95× it, the protocols whose scripts do \
+             more work per round trip (fences, counts, the permit ZSET) at ≥ 0.8× it; every \
+             point at ≥ 1.0× rslock, with adapter client CPU per cycle ≤ 1.2× the raw loop's.\n"
+        );
+        let _ = writeln!(
+            o,
+            "| point | target | pass 1 | pass 2 | |\n|---|---|---:|---:|---|"
+        );
         for t in &targets {
             let _ = writeln!(o, "{t}");
         }
         let missed = targets.iter().filter(|t| t.contains("missed")).count();
         let _ = writeln!(o, "\n{missed} of {} targets missed.\n", targets.len());
         self.render_why(o);
+    }
+
+    /// The target rows of one adapter point, judged in both passes.
+    fn targets(&self, protocol: &str, masters: usize, tasks: usize) -> Vec<String> {
+        let who = format!("adapter:{protocol}");
+        let passes = [&self.rows, &self.rows_again];
+        let measure = |f: &dyn Fn(&Point, &Point, &Point) -> Option<f64>| -> Vec<Option<f64>> {
+            passes
+                .iter()
+                .map(|rows| {
+                    let a = Report::find(rows, &who, masters, tasks)?;
+                    let raw = Report::find(rows, "raw", masters, tasks)?;
+                    let rs = Report::find(rows, "rslock", masters, tasks)?;
+                    f(a, raw, rs)
+                })
+                .collect()
+        };
+        let raw_floor = if matches!(protocol, "set-px-lua" | "redlock") {
+            0.95
+        } else {
+            0.8
+        };
+        let point = format!("{protocol}, {masters} master(s), {tasks} task(s)");
+        let mut rows = Vec::new();
+        let mut line = |target: String, values: Vec<Option<f64>>, met: &dyn Fn(f64) -> bool| {
+            let cell = |v: &Option<f64>| v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}×"));
+            let all_met = values.iter().all(|v| v.is_some_and(met));
+            rows.push(format!(
+                "| {point} | {target} | {} | {} | {} |",
+                cell(&values[0]),
+                values.get(1).map_or_else(|| "n/a".to_owned(), cell),
+                verdict(all_met)
+            ));
+        };
+        line(
+            format!("≥ {raw_floor:.2}× raw"),
+            measure(&|a, raw, _| Some(ratio(a.per_sec, raw.per_sec))),
+            &|v| v >= raw_floor,
+        );
+        line(
+            "≥ 1.0× rslock".to_owned(),
+            measure(&|a, _, rs| Some(ratio(a.per_sec, rs.per_sec))),
+            &|v| v >= 1.0,
+        );
+        line(
+            "client CPU/cycle ≤ 1.2× raw's".to_owned(),
+            measure(&|a, raw, _| Some(ratio(a.client_cpu_us?, raw.client_cpu_us?))),
+            &|v| v <= 1.2,
+        );
+        rows
     }
 
     /// What the time fence costs beside the counter it replaces, from the
@@ -929,6 +1024,114 @@ impl Report {
         );
     }
 
+    fn render_scale(&self, o: &mut String) {
+        let Some(first) = self.scale.first() else {
+            return;
+        };
+        let ttl = first.ttl;
+        let _ = writeln!(o, "## 5. Many renewing holds at once\n");
+        let _ = writeln!(
+            o,
+            "`N` locks of `{}` (TTL {} s, `auto_renew` on: each hold's driver renews it every \
+             TTL/3 = {:.1} s) are built with `Lock::on` on one `Nodes` (one connection), taken by \
+             64 tasks and held for {:.0} s, then released. **Memory per hold** is the growth of \
+             the process' resident set (`VmRSS`) from before the locks were built to after the \
+             last was taken, ÷ N: the `Lock` handle, its guard and the driver task that renews \
+             it. **Renewals/s** is the server's `EVALSHA` count over the window (`INFO \
+             commandstats`; nothing else runs a script then) ÷ the window, beside the ideal N ÷ \
+             (TTL/3). **Lag** is how late each renewal left behind its schedule: a renewal moves \
+             the guard's `valid_until` to its send time + TTL − drift, so the bench reads every \
+             guard's `valid_until` four times per renewal period and each step between two \
+             readings, less TTL/3, is the lag of the renewal that made it (in whole milliseconds, \
+             the resolution of the lease's clock). **Client CPU per \
+             renewal** is the process' CPU time over the window, less the time of those readings, \
+             ÷ the renewals the server counted.\n",
+            scale::PROTOCOL,
+            ttl.as_secs(),
+            (ttl / 3).as_secs_f64(),
+            first.window.as_secs_f64()
+        );
+        let _ = writeln!(
+            o,
+            "| holds | taken in s | memory per hold | renewals/s | ideal/s | renewals ÷ ideal | lag p50 ms | lag p99 ms | lag max ms | renewals seen | client CPU µs/renewal | lost |"
+        );
+        let _ = writeln!(
+            o,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for s in &self.scale {
+            let _ = writeln!(
+                o,
+                "| {} | {:.2} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} |",
+                s.holds,
+                s.acquire_time.as_secs_f64(),
+                s.bytes_per_hold
+                    .map_or_else(|| "n/a".to_owned(), |b| format!("{:.1} KiB", b / 1024.0)),
+                s.renewals_per_sec,
+                s.ideal_per_sec,
+                ratio(s.renewals_per_sec, s.ideal_per_sec),
+                ms(quantile(&s.lags, 0.5)),
+                ms(quantile(&s.lags, 0.99)),
+                ms(quantile(&s.lags, 1.0)),
+                s.lags.len(),
+                s.client_cpu_us
+                    .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.1}")),
+                s.lost
+            );
+        }
+        let (Some(small), Some(large)) = (self.scale.first(), self.scale.last()) else {
+            return;
+        };
+        if small.holds == large.holds {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\nTarget: the cost per hold at {} holds within 1.5× of the figure at {} holds.\n",
+            large.holds, small.holds
+        );
+        let _ = writeln!(
+            o,
+            "| cost | {} holds | {} holds | ratio | |\n|---|---:|---:|---:|---|",
+            small.holds, large.holds
+        );
+        if let (Some(a), Some(b)) = (small.bytes_per_hold, large.bytes_per_hold) {
+            let r = ratio(b, a);
+            let _ = writeln!(
+                o,
+                "| memory per hold | {:.1} KiB | {:.1} KiB | {r:.2}× | {} |",
+                a / 1024.0,
+                b / 1024.0,
+                verdict(r <= 1.5)
+            );
+        }
+        if let (Some(a), Some(b)) = (small.client_cpu_us, large.client_cpu_us) {
+            let r = ratio(b, a);
+            let _ = writeln!(
+                o,
+                "| client CPU per renewal | {a:.1} µs | {b:.1} µs | {r:.2}× | {} |",
+                verdict(r <= 1.5)
+            );
+        }
+        let (la, lb) = (quantile(&small.lags, 0.99), quantile(&large.lags, 0.99));
+        let _ = writeln!(
+            o,
+            "| renewal lag p99 | {} ms | {} ms | {} | |",
+            ms(la),
+            ms(lb),
+            if la.is_zero() {
+                "n/a".to_owned()
+            } else {
+                format!("{:.2}×", lb.as_secs_f64() / la.as_secs_f64())
+            }
+        );
+        let lost: usize = self.scale.iter().map(|s| s.lost).sum();
+        let _ = writeln!(
+            o,
+            "\nHolds lost or no longer held at the end of a window: {lost} (expected 0).\n"
+        );
+    }
+
     fn render_stampede(&self, o: &mut String) {
         let _ = writeln!(o, "## 4. The cache-stampede guard\n");
         let _ = writeln!(
@@ -972,7 +1175,7 @@ impl Report {
     }
 
     fn render_model(&self, o: &mut String) {
-        let _ = writeln!(o, "## 5. Model checking\n");
+        let _ = writeln!(o, "## 6. Model checking\n");
         let Some(cells) = &self.model else {
             let _ = writeln!(
                 o,
