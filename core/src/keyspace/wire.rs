@@ -43,12 +43,16 @@ impl Arg<'_> {
         let mut buf = [0u8; 24];
         match *self {
             Arg::Str(s) => f(s.as_bytes()),
-            Arg::Int(n) => f(decimal(i128::from(n), false, &mut buf)),
-            Arg::UInt(n) => f(decimal(i128::from(n), false, &mut buf)),
+            Arg::Int(n) => f(decimal(n.unsigned_abs(), n < 0, false, &mut buf)),
+            Arg::UInt(n) => f(decimal(n, false, false, &mut buf)),
             Arg::Score(ScoreBound::NegInf) => f(b"-inf"),
             Arg::Score(ScoreBound::PosInf) => f(b"+inf"),
-            Arg::Score(ScoreBound::Inclusive(n)) => f(decimal(i128::from(n), false, &mut buf)),
-            Arg::Score(ScoreBound::Exclusive(n)) => f(decimal(i128::from(n), true, &mut buf)),
+            Arg::Score(ScoreBound::Inclusive(n)) => {
+                f(decimal(n.unsigned_abs(), n < 0, false, &mut buf))
+            }
+            Arg::Score(ScoreBound::Exclusive(n)) => {
+                f(decimal(n.unsigned_abs(), n < 0, true, &mut buf))
+            }
         }
     }
 
@@ -58,10 +62,11 @@ impl Arg<'_> {
     }
 }
 
-/// `n` in decimal at the end of `buf`, after `(` when `open`.
-fn decimal(n: i128, open: bool, buf: &mut [u8; 24]) -> &[u8] {
+/// `magnitude` in decimal at the end of `buf`, after `-` when `negative`
+/// and `(` when `open` (on 64 bits: a 128-bit division is a library call).
+fn decimal(magnitude: u64, negative: bool, open: bool, buf: &mut [u8; 24]) -> &[u8] {
     let mut at = buf.len();
-    let mut rest = n.unsigned_abs();
+    let mut rest = magnitude;
     loop {
         at -= 1;
         buf[at] = b'0' + (rest % 10) as u8;
@@ -70,7 +75,7 @@ fn decimal(n: i128, open: bool, buf: &mut [u8; 24]) -> &[u8] {
             break;
         }
     }
-    if n < 0 {
+    if negative {
         at -= 1;
         buf[at] = b'-';
     }
