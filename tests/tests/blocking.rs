@@ -146,3 +146,23 @@ fn a_release_to_a_stopped_server_is_unknown() {
     // The release never ran: still held.
     assert!(l.try_acquire().unwrap().is_none());
 }
+
+/// After `SCRIPT FLUSH` the release's `EVALSHA` is answered `NOSCRIPT`; the
+/// front end then sends the script's text (`EVAL`) and the release goes
+/// through.
+#[test]
+fn a_release_after_script_flush_sends_the_script_text() {
+    let Some(redis) = redis_or_skip("blocking NOSCRIPT") else {
+        return;
+    };
+    let l = lock(ProtocolId::SetPxLua, "flushed", &[&redis], 1);
+    let guard = l.try_acquire().unwrap().expect("free");
+    let mut admin = redis.client().get_connection().expect("connect");
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut admin)
+        .expect("SCRIPT FLUSH");
+    assert_eq!(guard.release(), Ok(true));
+    let again = l.try_acquire().unwrap().expect("released, so free");
+    assert_eq!(again.release(), Ok(true));
+}

@@ -30,7 +30,7 @@
 //! # Ok::<(), lockwright_blocking::Error>(())
 //! ```
 
-use lockwright_core::keyspace::{Command, Reply};
+use lockwright_core::keyspace::{Arg, Command, Reply};
 use lockwright_core::{
     Acquire, Config, ConfigError, Event, Extension, Lease, Machine, Millis, Outcome, Protocol,
     ProtocolError, ProtocolId, Request, RequestId, Token, UsageError,
@@ -310,28 +310,37 @@ impl Conn {
 
     /// Write the command's frames; returns how many replies to read.
     fn write(&mut self, command: &Command, timeout: Duration) -> Result<usize, String> {
-        let frames = command.frames();
         let mut out = Vec::new();
-        for argv in &frames {
+        let mut frames = 0;
+        command.for_each_vector(|argv| {
+            frames += 1;
             encode(&mut out, argv);
-        }
+        });
         let result = self
             .open(timeout)
             .and_then(|s| s.get_mut().write_all(&out).map_err(|e| e.to_string()));
         if result.is_err() {
             self.stream = None;
         }
-        result.map(|()| frames.len())
+        result.map(|()| frames)
     }
 
     /// Read `frames` replies; the command's is the last. `NOSCRIPT` to an
     /// `EVALSHA` sends the script's text and reads that reply instead.
     fn read(&mut self, command: &Command, frames: usize) -> Result<Reply, String> {
         let result = self.read_replies(frames);
-        let result = match (result, command.eval_text_argv()) {
-            (Ok(Reply::Error(e)), Some(text)) if e.starts_with("NOSCRIPT") => {
+        // The script's text only when the server asks for it.
+        let noscript = matches!(&result, Ok(Reply::Error(e)) if e.starts_with("NOSCRIPT"));
+        let text = if noscript {
+            command.eval_text_argv()
+        } else {
+            None
+        };
+        let result = match (result, text) {
+            (Ok(Reply::Error(_)), Some(text)) => {
+                let args: Vec<Arg<'_>> = text.iter().map(|a| Arg::Str(a)).collect();
                 let mut out = Vec::new();
-                encode(&mut out, &text);
+                encode(&mut out, &args);
                 match self.stream.as_mut() {
                     Some(s) => s
                         .get_mut()
@@ -360,12 +369,14 @@ impl Conn {
 }
 
 /// RESP: `*<n>` then `$<len>` and the bytes of each argument.
-fn encode(out: &mut Vec<u8>, argv: &[String]) {
+fn encode(out: &mut Vec<u8>, argv: &[Arg<'_>]) {
     out.extend_from_slice(format!("*{}\r\n", argv.len()).as_bytes());
     for arg in argv {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        arg.with_bytes(|bytes| {
+            out.extend_from_slice(format!("${}\r\n", bytes.len()).as_bytes());
+            out.extend_from_slice(bytes);
+            out.extend_from_slice(b"\r\n");
+        });
     }
 }
 
@@ -443,7 +454,7 @@ mod tests {
     #[test]
     fn commands_encode_as_resp_arrays() {
         let mut out = Vec::new();
-        encode(&mut out, &["GET".into(), "{a}".into()]);
+        encode(&mut out, &[Arg::Str("GET"), Arg::Str("{a}")]);
         assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$3\r\n{a}\r\n");
     }
 }
