@@ -554,18 +554,28 @@ pub(crate) struct Finished {
     pub(crate) failure: Option<Failure>,
 }
 
-/// A request on its way: its id and the future that runs it (which hands
-/// back, for [`Route::Own`], the connection to keep using).
+/// A request on its way: its id, and the request itself until its first
+/// poll, then the future that runs it (which hands back, for
+/// [`Route::Own`], the connection to keep using).
 struct InFlight {
     id: RequestId,
-    /// In a mutex only to make guards `Sync`; reached through `get_mut`,
-    /// which never locks.
-    future: Mutex<RequestFuture>,
+    run: Run,
     /// For a request written to a live shared connection: when its reply
     /// is late, and that connection's generation (retired when it is).
     /// The [`Io`]'s one timer watches these deadlines. (A request that must
     /// connect first times itself.)
     deadline: Option<(tokio::time::Instant, u64)>,
+}
+
+/// Where an [`InFlight`] request is.
+enum Run {
+    /// Next on its node, not yet written: it picks its connection, and its
+    /// deadline starts, when the hold's driver first polls it (a hold run
+    /// by its guard's calls may not poll for a long while).
+    Waiting(Request),
+    /// Started. In a mutex only to make guards `Sync`; reached through
+    /// `get_mut`, which never locks.
+    Running(Mutex<RequestFuture>),
 }
 
 type RequestFuture = BoxFuture<'static, (Result<Reply, Failure>, Option<MultiplexedConnection>)>;
@@ -621,14 +631,13 @@ impl Io {
             keys.command(&mut request.command);
         }
         let node = usize::from(request.node.0);
-        let timeout = self.timeout;
         let Some(link) = self.links.get_mut(node) else {
             return false;
         };
         if link.in_flight.is_some() {
             link.queue.push_back(request);
         } else {
-            link.start(node, request, timeout);
+            link.start(node, request);
         }
         true
     }
@@ -654,10 +663,18 @@ impl Io {
             let Some(in_flight) = &mut link.in_flight else {
                 continue;
             };
-            let future = in_flight
-                .future
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner());
+            if let Run::Waiting(_) = in_flight.run {
+                let started = Run::Running(Mutex::new(Box::pin(std::future::pending())));
+                if let Run::Waiting(request) = std::mem::replace(&mut in_flight.run, started) {
+                    let (future, deadline) = link.route.begin(&mut link.own, request, self.timeout);
+                    in_flight.run = Run::Running(Mutex::new(future));
+                    in_flight.deadline = deadline;
+                }
+            }
+            let Run::Running(future) = &mut in_flight.run else {
+                continue;
+            };
+            let future = future.get_mut().unwrap_or_else(|e| e.into_inner());
             let Poll::Ready((result, own)) = future.as_mut().poll(cx) else {
                 continue;
             };
@@ -712,18 +729,37 @@ impl Io {
     /// reconnects; the late reply, if any, is dropped with it).
     fn expire(&mut self, node: usize) -> Finished {
         let link = &mut self.links[node];
-        let Some(in_flight) = link.in_flight.take() else {
-            return finished(
-                RequestId(u64::MAX),
-                node,
-                Err(Failure::transient("no request")),
-            );
-        };
-        if let (Route::Shared(shared), Some((_, generation))) = (&link.route, in_flight.deadline) {
+        // Only a request with a deadline expires, so there is one.
+        let (id, deadline) = link
+            .in_flight
+            .as_ref()
+            .map_or((RequestId(u64::MAX), None), |f| (f.id, f.deadline));
+        if let (Route::Shared(shared), Some((_, generation))) = (&link.route, deadline) {
             shared.retire(generation);
         }
         let failure = Failure::transient(no_reply_within(self.timeout));
-        self.finish(node, in_flight.id, Err(failure), None)
+        self.finish(node, id, Err(failure), None)
+    }
+
+    /// Withdraw request `id` if it has not been written yet (queued, or next
+    /// on its node but not yet polled): `true` when it is withdrawn and will
+    /// never reach the server.
+    pub(crate) fn cancel(&mut self, id: RequestId) -> bool {
+        for link in &mut self.links {
+            if let Some(at) = link.queue.iter().position(|r| r.id == id) {
+                link.queue.remove(at);
+                return true;
+            }
+            let waiting = link
+                .in_flight
+                .as_ref()
+                .is_some_and(|f| f.id == id && matches!(f.run, Run::Waiting(_)));
+            if waiting {
+                link.in_flight = link.queue.pop_front().map(Link::waiting);
+                return true;
+            }
+        }
+        false
     }
 
     /// `node`'s request `id` is done: start the next one queued for the
@@ -740,7 +776,7 @@ impl Io {
         link.in_flight = None;
         link.own = own;
         if let Some(request) = link.queue.pop_front() {
-            link.start(node, request, self.timeout);
+            link.start(node, request);
         }
         self.next_link = (node + 1) % count;
         finished(id, node, result)
@@ -755,10 +791,32 @@ fn no_reply_within(timeout: Duration) -> String {
 }
 
 impl Link {
-    fn start(&mut self, node: usize, request: Request, timeout: Duration) {
+    /// `request` is next on this node: it starts at the driver's next poll.
+    fn start(&mut self, node: usize, request: Request) {
         tracing::trace!(id = request.id.0, node, "transmit");
-        let id = request.id;
-        let (future, deadline): (RequestFuture, _) = match &self.route {
+        self.in_flight = Some(Link::waiting(request));
+    }
+
+    fn waiting(request: Request) -> InFlight {
+        InFlight {
+            id: request.id,
+            run: Run::Waiting(request),
+            deadline: None,
+        }
+    }
+}
+
+impl Route {
+    /// The future that runs `request` now, on the connection of the moment
+    /// (`own`: the hold's own connection, for [`Route::Own`]), and its
+    /// deadline when the [`Io`]'s timer watches it.
+    fn begin(
+        &self,
+        own: &mut Option<MultiplexedConnection>,
+        request: Request,
+        timeout: Duration,
+    ) -> (RequestFuture, Option<(tokio::time::Instant, u64)>) {
+        match self {
             Route::Shared(shared) => match shared.current() {
                 // The usual case: a live connection, and the Io's timer
                 // watches the reply's deadline.
@@ -776,22 +834,17 @@ impl Link {
                         Box::pin(
                             async move { (run_shared(&shared, &request, timeout).await, None) },
                         );
-                    (future as RequestFuture, None)
+                    (future, None)
                 }
             },
             Route::Own(client) => {
                 let client = Arc::clone(client);
-                let conn = self.own.take();
+                let conn = own.take();
                 let future =
                     Box::pin(async move { run_own(&client, conn, &request, timeout).await });
-                (future as RequestFuture, None)
+                (future, None)
             }
-        };
-        self.in_flight = Some(InFlight {
-            id,
-            future: Mutex::new(future),
-            deadline,
-        });
+        }
     }
 }
 

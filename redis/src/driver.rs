@@ -642,6 +642,23 @@ impl Driver {
         }
     }
 
+    /// The acquire was granted: withdraw every undo of an earlier
+    /// unanswered attempt that has not been written yet. The grant is the
+    /// machine's retry under the same token, so such an undo (a resend
+    /// queued behind the retry) would now remove the hold just granted.
+    /// An undo already written ran before the retry (requests to one node
+    /// run in order), so it cannot.
+    fn withdraw_undos(&mut self) {
+        let io = &mut self.io;
+        self.token_requests.retain(|r| {
+            let withdrawn = io.cancel(lockwright_core::RequestId(r.id));
+            if withdrawn {
+                tracing::debug!(node = r.node, "undo withdrawn: the retry was granted");
+            }
+            !withdrawn
+        });
+    }
+
     /// A token release's answer: once more while a reentrant count is left,
     /// then, when the application waits, its result once every node answered.
     fn on_token_release(&mut self, id: u64, outcome: Outcome, failure: Option<Failure>) {
@@ -763,6 +780,7 @@ impl Driver {
         let pending = std::mem::replace(&mut self.pending, Pending::None);
         match (event, pending) {
             (Event::Acquired(lease), Pending::Acquire(done)) => {
+                self.withdraw_undos();
                 let cell = LeaseCell::new(lease.valid_until);
                 self.cell = Some(cell.clone());
                 if let Err(Ok(Some(granted))) = done.send(Ok(Some(Granted { lease, cell }))) {

@@ -97,7 +97,12 @@ impl SentinelGroup {
     }
 
     async fn ask(&self, sentinel: &redis::Client) -> Result<redis::Client, RedisError> {
-        let mut conn = sentinel.get_multiplexed_async_connection().await?;
+        // Timed by `master`'s timeout as a whole (redis-rs' default reply
+        // timeout of 500 ms would cut a longer connect timeout short).
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut conn = sentinel
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
         let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(&self.master_name)

@@ -246,3 +246,87 @@ mod readme {
         Ok(())
     }
 }
+
+/// `calls` of `command` in the server's `INFO commandstats`.
+async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = raw(conn, redis::cmd("INFO").arg("commandstats")).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Wait until the server has run `command` at least `n` times.
+async fn until_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str, n: u64) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while calls(conn, command).await < n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the server never ran {command} {n} times");
+}
+
+/// An acquire attempt without a reply is undone by token; when that undo
+/// gets no reply either, it is sent again, queued behind the machine's
+/// retry under the same token. If the retry is granted, the queued resend
+/// must not run: it would delete the hold just granted. Scripted on the
+/// server's command counts: the second `SET` (the waiting acquire's first
+/// attempt) loses its reply, its undo (the second `EVALSHA`) loses its
+/// reply, then the fault is gone and the retry is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_retry_is_not_undone_by_a_resent_undo() {
+    let Some(redis) = redis_or_skip("granted retry vs resent undo") else {
+        return;
+    };
+    let relay = ReplyLoss::start(redis.port()).await;
+    redis.load_scripts().await;
+    let mut stats = redis.conn().await;
+    let _: () = raw(&mut stats, redis::cmd("CONFIG").arg("RESETSTAT")).await;
+    let key = "{undone}";
+    let options = LockOptions {
+        auto_renew: false,
+        request_timeout: Duration::from_millis(300),
+        retry_base: Duration::from_millis(20),
+        retry_max: Duration::from_millis(20),
+        ..LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(10))
+    };
+    let lock = Lock::new([relay.client()], "undone", options).unwrap();
+    // Every connection that sends a SET loses its replies: the first
+    // attempt (one of its own) and the waiting acquire's first attempt.
+    relay.arm("$3\r\nSET\r\n");
+    let acquire = tokio::spawn({
+        let lock = lock.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                lock.acquire_timeout(Duration::from_secs(8)),
+            )
+            .await
+        }
+    });
+    until_calls(&mut stats, "set", 2).await;
+    // The second attempt is on its way: its undo loses its reply too.
+    relay.arm(key);
+    until_calls(&mut stats, "evalsha", 2).await;
+    // That undo is on its way; from now on new connections pass.
+    relay.arm("never sent: disarmed");
+    let guard = match acquire.await.unwrap() {
+        Ok(Ok(guard)) => guard,
+        other => panic!("the retry after the fault should be granted: {other:?}"),
+    };
+    assert_eq!(redis.exists(key).await, 1, "granted, so the key is there");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        redis.exists(key).await,
+        1,
+        "still held: no undo ran after the grant"
+    );
+    assert_eq!(
+        guard.release().await,
+        Ok(true),
+        "the release found the hold (a resent undo had not removed it)"
+    );
+    assert_eq!(redis.exists(key).await, 0);
+}
