@@ -529,8 +529,8 @@ fn protocol_page(
         }
     }
     s.push_str("\n## State machine\n\n");
-    s.push_str("The client's view, summarised from the machine (every path ends with an event: `Acquired`, `Denied`, `Released`, `Extended`, `NotExtended`, `Lost`, `Failed`):\n\n```mermaid\nstateDiagram-v2\n");
-    s.push_str(state_diagram(id));
+    s.push_str("The client's view, summarised from the machine (every path ends with an event: `Acquired`, `Denied`, `Released`, `Extended`, `NotExtended`, `Lost`, `Failed`):\n\n```mermaid\n");
+    s.push_str(&state_diagram(id)?);
     s.push_str("```\n");
 
     s.push_str("\n## Verdicts\n\n");
@@ -676,17 +676,22 @@ fn source(id: ProtocolId) -> &'static str {
     }
 }
 
-/// The `//!` essay at the top of the machine file.
+/// The lines of the `//!` essay at the top of the machine file.
+fn essay_lines(id: ProtocolId) -> impl Iterator<Item = &'static str> {
+    source(id)
+        .lines()
+        .skip_while(|l| !l.starts_with("//!"))
+        .map_while(|l| l.strip_prefix("//!"))
+        .map(|rest| rest.strip_prefix(' ').unwrap_or(rest))
+}
+
+/// The essay the page shows: the machine file's `//!` essay up to its
+/// state diagram (which the page shows under a heading of its own).
 fn essay(id: ProtocolId) -> String {
-    let mut out = Vec::new();
-    for line in source(id).lines() {
-        if let Some(rest) = line.strip_prefix("//!") {
-            out.push(rest.strip_prefix(' ').unwrap_or(rest).to_owned());
-        } else if !out.is_empty() {
-            break;
-        }
-    }
-    out.join("\n")
+    let lines: Vec<&str> = essay_lines(id)
+        .take_while(|l| *l != DIAGRAM_HEADING)
+        .collect();
+    lines.join("\n").trim_end().to_owned()
 }
 
 /// Rustdoc Markdown to plain Markdown: intra-doc links become code spans,
@@ -984,221 +989,31 @@ pub fn reply_cli(r: &Reply) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// State diagrams (Mermaid), summarised from the machines' essays and code.
+// State diagrams (Mermaid), kept in the machines' own essays.
 
-fn state_diagram(id: ProtocolId) -> &'static str {
-    match id {
-        ProtocolId::SetnxDel => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: SETNX key token → 1
-    Acquiring --> Backoff: SETNX → 0 (taken)
-    Backoff --> Acquiring: retry timer
-    Backoff --> [*]: deadline passed / Denied
-    Held --> Held: extend (nothing to extend) / Extended
-    Held --> Releasing: release
-    Releasing --> Releasing: EXEC aborted, WATCH again
-    Releasing --> [*]: WATCH, GET = token, MULTI DEL EXEC / Released
-    Releasing --> [*]: GET ≠ token, UNWATCH / Released (was_held false)
-"
+/// The heading in a machine's essay under which its state diagram is
+/// kept; the essay the page shows ends before it.
+const DIAGRAM_HEADING: &str = "# State machine";
+
+/// The Mermaid diagram in the machine file's essay (the lines inside its
+/// ```` ```mermaid ```` block, `stateDiagram-v2` first).
+fn state_diagram(id: ProtocolId) -> Result<String, DocsError> {
+    let mut lines = essay_lines(id)
+        .skip_while(|l| *l != DIAGRAM_HEADING)
+        .skip_while(|l| *l != "```mermaid")
+        .skip(1);
+    let mut out = String::new();
+    for line in lines.by_ref() {
+        if line == "```" {
+            return Ok(out);
         }
-        ProtocolId::SetnxExpire => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Expiring: SETNX key token → 1
-    Expiring --> Held: EXPIRE key ceil(ttl/1000) / Acquired
-    Acquiring --> Checking: SETNX → 0 (taken)
-    Checking --> Backoff: TTL ≥ 0
-    Checking --> Backoff: TTL = -1, EXPIRE (repair)
-    Backoff --> Acquiring: retry timer
-    Held --> Held: extend (WATCH, GET, MULTI PEXPIRE EXEC)
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: WATCH, GET, MULTI DEL EXEC / Released
-"
-        }
-        ProtocolId::SetnxGetset => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: SETNX key now+ttl+1 → 1
-    Acquiring --> Reading: SETNX → 0
-    Reading --> Backoff: GET → timestamp in the future
-    Reading --> TakingOver: GET → timestamp in the past (by OUR clock)
-    TakingOver --> Held: GETSET → old timestamp still expired
-    TakingOver --> Backoff: GETSET → fresh timestamp (lost the race)
-    Backoff --> Acquiring: retry timer
-    Held --> [*]: own timestamp passes / Lost
-    Held --> Releasing: release (only before own timeout)
-    Releasing --> [*]: DEL key / Released
-"
-        }
-        ProtocolId::SetPxGetDel => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: SET key token NX PX ttl → OK
-    Acquiring --> Backoff: nil (taken)
-    Backoff --> Acquiring: retry timer
-    Held --> Extending: extend
-    Extending --> Held: GET = token, then PEXPIRE (second step) / Extended
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> Deleting: GET = token
-    Deleting --> [*]: DEL key (second step, unguarded) / Released
-    Releasing --> [*]: GET ≠ token / Released (was_held false)
-"
-        }
-        ProtocolId::SetPxWatch => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: SET key token NX PX ttl → OK
-    Acquiring --> Backoff: nil (taken)
-    Backoff --> Acquiring: retry timer
-    Held --> Held: extend (WATCH, GET, MULTI PEXPIRE EXEC)
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> Releasing: EXEC → nil (key changed), start again
-    Releasing --> [*]: WATCH, GET = token, MULTI DEL EXEC / Released
-    Releasing --> [*]: GET ≠ token, UNWATCH / Released (was_held false)
-"
-        }
-        ProtocolId::SetPxLua => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: SET key token NX PX ttl → OK / Acquired
-    Acquiring --> Backoff: nil (taken)
-    Backoff --> Acquiring: retry timer
-    Backoff --> [*]: deadline passed / Denied
-    Held --> Held: compare-and-pexpire → 1 / Extended
-    Held --> Held: compare-and-pexpire → 0 / NotExtended
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: compare-and-delete / Released
-"
-        }
-        ProtocolId::Reentrant => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: reentrant-lock → nil (count + 1)
-    Acquiring --> Backoff: reentrant-lock → PTTL (someone else's)
-    Backoff --> Acquiring: retry timer
-    Held --> Held: acquire again, count + 1
-    Held --> Held: watchdog every ttl/3, reentrant-renew → 1 / Extended
-    Held --> [*]: reentrant-renew → 0 / Lost
-    Held --> [*]: valid_until passes / Lost
-    Held --> Held: release, reentrant-unlock → 0 (count still above 0)
-    Held --> [*]: release, reentrant-unlock → 1 (key deleted) / Released
-"
-        }
-        ProtocolId::Redlock => {
-            "    [*] --> Round: acquire, t0 = now
-    Round --> Round: SET key token NX PX ttl on every master
-    Round --> Held: quorum OK and ttl − elapsed − drift > 0 / Acquired
-    Round --> Undo: no quorum, or no validity left, or an error reply
-    Undo --> Backoff: compare-and-delete on every master
-    Undo --> [*]: after an error reply / Failed
-    Backoff --> Round: retry timer
-    Backoff --> [*]: deadline passed / Denied
-    Held --> Held: compare-and-pexpire on every master, quorum / Extended
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: compare-and-delete on every master / Released
-"
-        }
-        ProtocolId::Fenced => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: fenced-acquire → fence (SET NX PX + INCR) / Acquired with fence
-    Acquiring --> Backoff: fenced-acquire → nil (taken)
-    Backoff --> Acquiring: retry timer
-    Held --> Held: compare-and-pexpire → 1 / Extended
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: compare-and-delete / Released
-    note right of Held: the resource refuses a write whose fence is older than one it accepted
-"
-        }
-        ProtocolId::TimeFenced => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: time-fenced-acquire → fence = max(counter + 1, TIME in µs) (SET NX PX) / Acquired with fence
-    Acquiring --> Backoff: time-fenced-acquire → nil (taken)
-    Backoff --> Acquiring: retry timer
-    Held --> Held: compare-and-pexpire → 1 / Extended
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: compare-and-delete / Released
-    note right of Held: a node that lost its counter starts from its clock, above every earlier fence
-"
-        }
-        ProtocolId::ZsetSemaphore => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: MULTI ZREMRANGEBYSCORE, ZADD now token, ZRANK EXEC → rank below limit
-    Acquiring --> Undo: rank at or above limit
-    Undo --> Backoff: ZREM token
-    Backoff --> Acquiring: retry timer
-    Held --> Held: extend, ZSCORE then ZADD now token / Extended
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: ZREM token / Released
-"
-        }
-        ProtocolId::FairSemaphore => {
-            "    [*] --> Step1: acquire
-    Step1 --> Step2: MULTI ZREMRANGEBYSCORE, ZINTERSTORE, INCR counter EXEC
-    Step2 --> Held: MULTI ZADD, ZADD owner counter, ZRANK owner EXEC → rank below limit
-    Step2 --> Undo: rank at or above limit
-    Undo --> Backoff: ZREM token from both sets
-    Backoff --> Step1: retry timer
-    Held --> Held: extend, ZADD now token → 0 / Extended
-    Held --> [*]: ZADD → 1 (had timed out), ZREM / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: ZREM from both sets / Released
-"
-        }
-        ProtocolId::FairSemaphoreLocked => {
-            "    [*] --> Guarding: acquire
-    Guarding --> Step1: guard lock acquired (set-px-lua by default)
-    Guarding --> Backoff: guard taken
-    Step1 --> Step2: MULTI ZREMRANGEBYSCORE, ZINTERSTORE, INCR counter EXEC
-    Step2 --> Unguarding: MULTI ZADD, ZADD owner, ZRANK owner EXEC
-    Unguarding --> Held: guard released, rank below limit / Acquired
-    Unguarding --> Backoff: guard released, rank at or above limit (entries removed)
-    Backoff --> Guarding: retry timer
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release (unguarded)
-    Releasing --> [*]: ZREM from both sets / Released
-"
-        }
-        ProtocolId::WatchSemaphore => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Counting: WATCH holders, GET max
-    Counting --> Held: SCARD below max, MULTI SADD holders token EXEC → OK
-    Counting --> Acquiring: EXEC → nil (holders changed), start again
-    Counting --> Backoff: SCARD at max, UNWATCH
-    Counting --> [*]: max missing / Failed
-    Backoff --> Acquiring: retry timer
-    Held --> Held: extend, SISMEMBER → 1 / Extended
-    Held --> Releasing: release
-    Releasing --> [*]: SREM holders token / Released
-"
-        }
-        ProtocolId::LeaseSemaphore => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: lease-acquire → fence (server TIME, drop expired, ZADD deadline) / Acquired
-    Acquiring --> Backoff: lease-acquire → nil (full)
-    Backoff --> Acquiring: retry timer
-    Held --> Held: renew every ttl/3, lease-renew → 1 / Extended
-    Held --> [*]: lease-renew → 0 / Lost
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: lease-release (ZREM own token) / Released
-"
-        }
-        ProtocolId::TimeFencedSemaphore => {
-            "    [*] --> Acquiring: acquire
-    Acquiring --> Held: time-fenced-lease-acquire → fence = max(counter + 1, TIME in µs) (server TIME, drop expired, ZADD deadline) / Acquired
-    Acquiring --> Backoff: time-fenced-lease-acquire → nil (full)
-    Backoff --> Acquiring: retry timer
-    Held --> Held: renew every ttl/3, lease-renew → 1 / Extended
-    Held --> [*]: lease-renew → 0 / Lost
-    Held --> [*]: valid_until passes / Lost
-    Held --> Releasing: release
-    Releasing --> [*]: lease-release (ZREM own token) / Released
-    note right of Held: a node that lost its counter starts from its clock, above every earlier fence
-"
-        }
+        out.push_str(line);
+        out.push('\n');
     }
+    Err(DocsError::Inconsistent(format!(
+        "{} has no ```mermaid block under \"{DIAGRAM_HEADING}\" in its essay",
+        machine_file(id)
+    )))
 }
 
 // ---------------------------------------------------------------------------

@@ -7,6 +7,24 @@
 //! number larger than all before it, and the resource refuses a write whose
 //! fence is older than one it has accepted. [`FencedResource`] is that
 //! resource.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: fenced-acquire → fence (SET NX PX + INCR) / Acquired with fence
+//!     Acquiring --> Backoff: fenced-acquire → nil (taken)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: compare-and-pexpire → 1 / Extended
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: compare-and-delete / Released
+//!     note right of Held: the resource refuses a write whose fence is older than one it accepted
+//! ```
 
 use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};

@@ -62,6 +62,27 @@
 //! steps is a round fanned out to every master and judged by quorum, with
 //! one reply timer per round, where the engine sends one request to one
 //! node at a time.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Round: acquire, t0 = now
+//!     Round --> Round: SET key token NX PX ttl on every master
+//!     Round --> Held: quorum OK and ttl − elapsed − drift > 0 / Acquired
+//!     Round --> Undo: no quorum, or no validity left, or an error reply
+//!     Undo --> Backoff: compare-and-delete on every master
+//!     Undo --> [*]: after an error reply / Failed
+//!     Backoff --> Round: retry timer
+//!     Backoff --> [*]: deadline passed / Denied
+//!     Held --> Held: compare-and-pexpire on every master, quorum / Extended
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: compare-and-delete on every master / Released
+//! ```
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{Scaffold, Standing, Timer};

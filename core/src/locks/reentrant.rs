@@ -67,6 +67,25 @@
 //! flight; this lock counts nested holds and keeps a background renewal in
 //! flight beside the application's own acquire or release (with a reply
 //! timer of its own), which that one-operation state machine cannot express.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: reentrant-lock → nil (count + 1)
+//!     Acquiring --> Backoff: reentrant-lock → PTTL (someone else's)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: acquire again, count + 1
+//!     Held --> Held: watchdog every ttl/3, reentrant-renew → 1 / Extended
+//!     Held --> [*]: reentrant-renew → 0 / Lost
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Held: release, reentrant-unlock → 0 (count still above 0)
+//!     Held --> [*]: release, reentrant-unlock → 1 (key deleted) / Released
+//! ```
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{retry_at, Scaffold, Timer};

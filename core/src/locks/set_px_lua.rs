@@ -7,6 +7,25 @@
 //! successor's lock. Like every lease it is only as safe as the holder's
 //! promise to stop when its validity runs out: a paused holder that resumes
 //! after its TTL still believes it holds (the `pause` fault).
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: SET key token NX PX ttl → OK / Acquired
+//!     Acquiring --> Backoff: nil (taken)
+//!     Backoff --> Acquiring: retry timer
+//!     Backoff --> [*]: deadline passed / Denied
+//!     Held --> Held: compare-and-pexpire → 1 / Extended
+//!     Held --> Held: compare-and-pexpire → 0 / NotExtended
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: compare-and-delete / Released
+//! ```
 
 use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};

@@ -5,6 +5,25 @@
 //! with `WATCH` of "Redis使用手册". The `WATCH` makes the `EXEC` abort when
 //! the key changed (or expired) after the `GET`, so the release retries
 //! instead of deleting a successor's lock. Extend works the same way.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: SET key token NX PX ttl → OK
+//!     Acquiring --> Backoff: nil (taken)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: extend (WATCH, GET, MULTI PEXPIRE EXEC)
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> Releasing: EXEC → nil (key changed), start again
+//!     Releasing --> [*]: WATCH, GET = token, MULTI DEL EXEC / Released
+//!     Releasing --> [*]: GET ≠ token, UNWATCH / Released (was_held false)
+//! ```
 
 use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};

@@ -32,6 +32,25 @@
 //!
 //! The `WATCH` sequence is the engine's one watched release step, shared
 //! with `setnx-expire` and `set-px-watch`.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: SETNX key token → 1
+//!     Acquiring --> Backoff: SETNX → 0 (taken)
+//!     Backoff --> Acquiring: retry timer
+//!     Backoff --> [*]: deadline passed / Denied
+//!     Held --> Held: extend (nothing to extend) / Extended
+//!     Held --> Releasing: release
+//!     Releasing --> Releasing: EXEC aborted, WATCH again
+//!     Releasing --> [*]: WATCH, GET = token, MULTI DEL EXEC / Released
+//!     Releasing --> [*]: GET ≠ token, UNWATCH / Released (was_held false)
+//! ```
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{

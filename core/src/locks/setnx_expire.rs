@@ -40,6 +40,26 @@
 //! result of `EXPIRE` is ignored): the lock is held, perhaps without TTL,
 //! until a waiter repairs it. Like every lease it fails mutual exclusion
 //! when the holder pauses past its TTL.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Expiring: SETNX key token → 1
+//!     Expiring --> Held: EXPIRE key ceil(ttl/1000) / Acquired
+//!     Acquiring --> Checking: SETNX → 0 (taken)
+//!     Checking --> Backoff: TTL ≥ 0
+//!     Checking --> Backoff: TTL = -1, EXPIRE (repair)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: extend (WATCH, GET, MULTI PEXPIRE EXEC)
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: WATCH, GET, MULTI DEL EXEC / Released
+//! ```
 
 use super::setnx_del::setnx_start;
 use crate::config::{Config, ConfigError};

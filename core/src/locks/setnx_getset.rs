@@ -39,6 +39,26 @@
 //! by time only: a holder whose clock runs behind the others can `DEL` a
 //! successor's lock. A `GETSET` that loses the takeover race has still
 //! overwritten the winner's timestamp with its own.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: SETNX key now+ttl+1 → 1
+//!     Acquiring --> Reading: SETNX → 0
+//!     Reading --> Backoff: GET → timestamp in the future
+//!     Reading --> TakingOver: GET → timestamp in the past (by OUR clock)
+//!     TakingOver --> Held: GETSET → old timestamp still expired
+//!     TakingOver --> Backoff: GETSET → fresh timestamp (lost the race)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> [*]: own timestamp passes / Lost
+//!     Held --> Releasing: release (only before own timeout)
+//!     Releasing --> [*]: DEL key / Released
+//! ```
 
 use crate::config::{Config, ConfigError};
 use crate::engine::{engine_machine, Engine, EngineConfig, Next, Op, Recipe};

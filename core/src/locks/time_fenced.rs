@@ -59,6 +59,24 @@
 //! and a monotonic hardware clock give. Fences are microseconds since the
 //! epoch (about 2^51 today), so they fit Lua's doubles exactly and a
 //! resource compares them as integers.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: time-fenced-acquire → fence = max(counter + 1, TIME in µs) (SET NX PX) / Acquired with fence
+//!     Acquiring --> Backoff: time-fenced-acquire → nil (taken)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: compare-and-pexpire → 1 / Extended
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: compare-and-delete / Released
+//!     note right of Held: a node that lost its counter starts from its clock, above every earlier fence
+//! ```
 
 use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
 use crate::config::{Config, ConfigError};

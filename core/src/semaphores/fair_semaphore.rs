@@ -31,6 +31,25 @@
 //! so a client that drew a *lower* counter but reaches step 2 *later* ranks
 //! ahead of a client that has already been admitted: both hold, and the
 //! semaphore over-admits. `fair-semaphore-locked` closes the race with a lock.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Step1: acquire
+//!     Step1 --> Step2: MULTI ZREMRANGEBYSCORE, ZINTERSTORE, INCR counter EXEC
+//!     Step2 --> Held: MULTI ZADD, ZADD owner counter, ZRANK owner EXEC → rank below limit
+//!     Step2 --> Undo: rank at or above limit
+//!     Undo --> Backoff: ZREM token from both sets
+//!     Backoff --> Step1: retry timer
+//!     Held --> Held: extend, ZADD now token → 0 / Extended
+//!     Held --> [*]: ZADD → 1 (had timed out), ZREM / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: ZREM from both sets / Released
+//! ```
 
 use super::{item, score};
 use crate::config::{Config, ConfigError};

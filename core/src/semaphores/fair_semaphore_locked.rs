@@ -22,6 +22,26 @@
 //! A try-once acquire waits up to 10 ms for the guard (the book's value);
 //! an acquire with a deadline waits for it until the deadline. The result
 //! is reported after the guard has been released.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Guarding: acquire
+//!     Guarding --> Step1: guard lock acquired (set-px-lua by default)
+//!     Guarding --> Backoff: guard taken
+//!     Step1 --> Step2: MULTI ZREMRANGEBYSCORE, ZINTERSTORE, INCR counter EXEC
+//!     Step2 --> Unguarding: MULTI ZADD, ZADD owner, ZRANK owner EXEC
+//!     Unguarding --> Held: guard released, rank below limit / Acquired
+//!     Unguarding --> Backoff: guard released, rank at or above limit (entries removed)
+//!     Backoff --> Guarding: retry timer
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release (unguarded)
+//!     Releasing --> [*]: ZREM from both sets / Released
+//! ```
 
 use super::fair_semaphore::FairRecipe;
 use crate::catalogue::{Kind, Machine, ProtocolId};

@@ -20,6 +20,24 @@
 //! TTL. Because the limit lives on the server and the script counts the
 //! permits that remain, lowering it never admits more than the new limit
 //! (holders above it keep their permits until they leave).
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: lease-acquire → fence (server TIME, drop expired, ZADD deadline) / Acquired
+//!     Acquiring --> Backoff: lease-acquire → nil (full)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: renew every ttl/3, lease-renew → 1 / Extended
+//!     Held --> [*]: lease-renew → 0 / Lost
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: lease-release (ZREM own token) / Released
+//! ```
 
 use crate::config::{Config, ConfigError, MAX_LIMIT};
 use crate::engine::{engine_machine, unexpected, Engine, EngineConfig, Next, Op, Recipe};

@@ -52,6 +52,25 @@
 //! doubles exactly and a resource compares them as integers. The
 //! alternatives (`WAIT`, `fsync always`, a fence kept by the resource) are
 //! weighed on `time-fenced`'s page; they weigh the same here.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: time-fenced-lease-acquire → fence = max(counter + 1, TIME in µs) (server TIME, drop expired, ZADD deadline) / Acquired
+//!     Acquiring --> Backoff: time-fenced-lease-acquire → nil (full)
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: renew every ttl/3, lease-renew → 1 / Extended
+//!     Held --> [*]: lease-renew → 0 / Lost
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: lease-release (ZREM own token) / Released
+//!     note right of Held: a node that lost its counter starts from its clock, above every earlier fence
+//! ```
 
 use super::lease_semaphore::{lease_engine, LeaseRecipe};
 use crate::config::{Config, ConfigError};

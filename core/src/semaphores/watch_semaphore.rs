@@ -17,6 +17,25 @@
 //! **There is no expiry at all**: a holder that crashes keeps its permit
 //! forever (its lease is valid until `u64::MAX`), and the semaphore shrinks
 //! by one for good. `lease-semaphore` is the answer.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Counting: WATCH holders, GET max
+//!     Counting --> Held: SCARD below max, MULTI SADD holders token EXEC → OK
+//!     Counting --> Acquiring: EXEC → nil (holders changed), start again
+//!     Counting --> Backoff: SCARD at max, UNWATCH
+//!     Counting --> [*]: max missing / Failed
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: extend, SISMEMBER → 1 / Extended
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: SREM holders token / Released
+//! ```
 
 use super::item;
 use crate::config::{Config, ConfigError, MAX_LIMIT};

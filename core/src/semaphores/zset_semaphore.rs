@@ -29,6 +29,24 @@
 //! request stamped earlier that reaches Redis later (or one with the same
 //! millisecond, which ties on the token) ranks ahead of a client already
 //! admitted, and the semaphore over-admits the same way.
+//!
+//! # State machine
+//!
+//! The client's view, summarised from the machine (the protocol pages of
+//! `docs/` show this diagram).
+//!
+//! ```mermaid
+//! stateDiagram-v2
+//!     [*] --> Acquiring: acquire
+//!     Acquiring --> Held: MULTI ZREMRANGEBYSCORE, ZADD now token, ZRANK EXEC → rank below limit
+//!     Acquiring --> Undo: rank at or above limit
+//!     Undo --> Backoff: ZREM token
+//!     Backoff --> Acquiring: retry timer
+//!     Held --> Held: extend, ZSCORE then ZADD now token / Extended
+//!     Held --> [*]: valid_until passes / Lost
+//!     Held --> Releasing: release
+//!     Releasing --> [*]: ZREM token / Released
+//! ```
 
 use super::{item, score};
 use crate::config::{Config, ConfigError};
