@@ -134,6 +134,8 @@ fn parse_args(args: &[String]) -> Result<Settings> {
                             "--scale {text:?}: hold counts from 1 to 1000000, separated by commas"
                         ))
                     })?;
+                s.scale_counts.sort_unstable();
+                s.scale_counts.dedup();
             }
             "--point" => {
                 let text = it
@@ -162,6 +164,16 @@ fn parse_args(args: &[String]) -> Result<Settings> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // The child side of the scale section.
+    if args.first().map(String::as_str) == Some("--scale-cell") {
+        return match scale::run_cell(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // The child side of the model section.
     if args.first().map(String::as_str) == Some("--model-cell") {
         let threads = args.get(3).and_then(|t| t.parse().ok()).unwrap_or(1);

@@ -51,6 +51,9 @@ pub(crate) fn parse(text: &str) -> Result<Spec> {
         None if who == "raw" || who == "rslock" => None,
         None => return Err(bad("WHO is raw, rslock or adapter:<protocol>")),
     };
+    if protocol.is_some_and(|p| p != ProtocolId::Redlock) && masters != 1 {
+        return Err(bad("only redlock runs on more than one master"));
+    }
     Ok(Spec {
         who: who.to_owned(),
         protocol,

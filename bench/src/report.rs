@@ -309,16 +309,18 @@ pub(crate) async fn run_redis_sections(
     );
     let server =
         RedisServer::start().map_err(|e| crate::util::BenchError::new("redis-server", e))?;
-    let client = server.client();
     for &count in &settings.scale_counts {
-        let s = scale::run(&client, count, settings.scale_ttl, settings.scale_window).await?;
+        let (port, ttl, window) = (server.port(), settings.scale_ttl, settings.scale_window);
+        let s = tokio::task::spawn_blocking(move || scale::run_in_child(port, count, ttl, window))
+            .await
+            .map_err(|e| crate::util::BenchError::new("scale cell", e))??;
         eprintln!(
             "  {count:>7} holds: {} per hold, {:.0} renewals/s of {:.0} ideal, lag p99 {} ms, {} lost",
             s.bytes_per_hold
                 .map_or_else(|| "n/a".to_owned(), |b| format!("{:.0} B", b)),
             s.renewals_per_sec,
             s.ideal_per_sec,
-            ms(quantile(&s.lags, 0.99)),
+            lag_ms(s.lag(0.99)),
             s.lost
         );
         report.scale.push(s);
@@ -362,6 +364,11 @@ fn locked_versions(name: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// A lag in ms, `n/a` when no renewal was seen.
+fn lag_ms(lag: Option<Duration>) -> String {
+    lag.map_or_else(|| "n/a".to_owned(), ms)
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -590,17 +597,20 @@ impl Report {
         };
         line(
             format!("≥ {raw_floor:.2}× raw"),
-            measure(&|a, raw, _| Some(ratio(a.per_sec, raw.per_sec))),
+            measure(&|a, raw, _| (raw.per_sec > 0.0).then(|| ratio(a.per_sec, raw.per_sec))),
             &|v| v >= raw_floor,
         );
         line(
             "≥ 1.0× rslock".to_owned(),
-            measure(&|a, _, rs| Some(ratio(a.per_sec, rs.per_sec))),
+            measure(&|a, _, rs| (rs.per_sec > 0.0).then(|| ratio(a.per_sec, rs.per_sec))),
             &|v| v >= 1.0,
         );
         line(
             "client CPU/cycle ≤ 1.2× raw's".to_owned(),
-            measure(&|a, raw, _| Some(ratio(a.client_cpu_us?, raw.client_cpu_us?))),
+            measure(&|a, raw, _| {
+                let (a, raw) = (a.client_cpu_us?, raw.client_cpu_us?);
+                (raw > 0.0).then(|| ratio(a, raw))
+            }),
             &|v| v <= 1.2,
         );
         rows
@@ -1034,18 +1044,20 @@ impl Report {
             o,
             "`N` locks of `{}` (TTL {} s, `auto_renew` on: each hold's driver renews it every \
              TTL/3 = {:.1} s) are built with `Lock::on` on one `Nodes` (one connection), taken by \
-             64 tasks and held for {:.0} s, then released. **Memory per hold** is the growth of \
-             the process' resident set (`VmRSS`) from before the locks were built to after the \
-             last was taken, ÷ N: the `Lock` handle, its guard and the driver task that renews \
-             it. **Renewals/s** is the server's `EVALSHA` count over the window (`INFO \
+             64 tasks and held for {:.0} s, then released; each N runs in a fresh child process. \
+             **Memory per hold** is the growth of that process' resident set (`VmRSS`) from \
+             before the locks were built to after the last was taken, ÷ N: the `Lock` handle, \
+             its guard and the driver task that renews it. **Renewals/s** is the server's `EVALSHA` count over the window (`INFO \
              commandstats`; nothing else runs a script then) ÷ the window, beside the ideal N ÷ \
              (TTL/3). **Lag** is how late each renewal left behind its schedule: a renewal moves \
              the guard's `valid_until` to its send time + TTL − drift, so the bench reads every \
              guard's `valid_until` four times per renewal period and each step between two \
-             readings, less TTL/3, is the lag of the renewal that made it (in whole milliseconds, \
-             the resolution of the lease's clock). **Client CPU per \
-             renewal** is the process' CPU time over the window, less the time of those readings, \
-             ÷ the renewals the server counted.\n",
+             readings, less TTL/3, is how late the driver issued the renewal that made it (in whole \
+             milliseconds, the resolution of the lease's clock; the time the request then waits \
+             on the connection is not in it). The window starts half a renewal period after the \
+             last grant, after one warm-up hold taken and given back. **Client CPU per \
+             renewal** is the CPU time of the process' threads over the window (`schedstat`, in \
+             ns), less the CPU time of those readings, ÷ the renewals the server counted.\n",
             scale::PROTOCOL,
             ttl.as_secs(),
             (ttl / 3).as_secs_f64(),
@@ -1070,16 +1082,18 @@ impl Report {
                 s.renewals_per_sec,
                 s.ideal_per_sec,
                 ratio(s.renewals_per_sec, s.ideal_per_sec),
-                ms(quantile(&s.lags, 0.5)),
-                ms(quantile(&s.lags, 0.99)),
-                ms(quantile(&s.lags, 1.0)),
-                s.lags.len(),
+                lag_ms(s.lag(0.5)),
+                lag_ms(s.lag(0.99)),
+                lag_ms(s.lag(1.0)),
+                s.renewals_seen(),
                 s.client_cpu_us
                     .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.1}")),
                 s.lost
             );
         }
-        let (Some(small), Some(large)) = (self.scale.first(), self.scale.last()) else {
+        let smallest = self.scale.iter().min_by_key(|s| s.holds);
+        let largest = self.scale.iter().max_by_key(|s| s.holds);
+        let (Some(small), Some(large)) = (smallest, largest) else {
             return;
         };
         if small.holds == large.holds {
@@ -1087,7 +1101,8 @@ impl Report {
         }
         let _ = writeln!(
             o,
-            "\nTarget: the cost per hold at {} holds within 1.5× of the figure at {} holds.\n",
+            "\nTarget: the cost per hold at {} holds within 1.5× of the figure at {} holds \
+             (a ratio that cannot be computed is a miss).\n",
             large.holds, small.holds
         );
         let _ = writeln!(
@@ -1095,36 +1110,69 @@ impl Report {
             "| cost | {} holds | {} holds | ratio | |\n|---|---:|---:|---:|---|",
             small.holds, large.holds
         );
-        if let (Some(a), Some(b)) = (small.bytes_per_hold, large.bytes_per_hold) {
-            let r = ratio(b, a);
-            let _ = writeln!(
-                o,
-                "| memory per hold | {:.1} KiB | {:.1} KiB | {r:.2}× | {} |",
-                a / 1024.0,
-                b / 1024.0,
-                verdict(r <= 1.5)
-            );
-        }
-        if let (Some(a), Some(b)) = (small.client_cpu_us, large.client_cpu_us) {
-            let r = ratio(b, a);
-            let _ = writeln!(
-                o,
-                "| client CPU per renewal | {a:.1} µs | {b:.1} µs | {r:.2}× | {} |",
-                verdict(r <= 1.5)
-            );
-        }
-        let (la, lb) = (quantile(&small.lags, 0.99), quantile(&large.lags, 0.99));
+        let row = |name: &str, a: Option<f64>, b: Option<f64>, unit: &str, scale: f64| {
+            let r = match (a, b) {
+                (Some(a), Some(b)) if a > 0.0 => Some(b / a),
+                _ => None,
+            };
+            let cell = |v: Option<f64>| {
+                v.map_or_else(|| "n/a".to_owned(), |v| format!("{:.1} {unit}", v / scale))
+            };
+            format!(
+                "| {name} | {} | {} | {} | {} |",
+                cell(a),
+                cell(b),
+                r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}×")),
+                verdict(r.is_some_and(|r| r <= 1.5))
+            )
+        };
+        let _ = writeln!(
+            o,
+            "{}",
+            row(
+                "memory per hold",
+                small.bytes_per_hold,
+                large.bytes_per_hold,
+                "KiB",
+                1024.0
+            )
+        );
+        let _ = writeln!(
+            o,
+            "{}",
+            row(
+                "client CPU per renewal",
+                small.client_cpu_us,
+                large.client_cpu_us,
+                "µs",
+                1.0
+            )
+        );
+        let (la, lb) = (small.lag(0.99), large.lag(0.99));
         let _ = writeln!(
             o,
             "| renewal lag p99 | {} ms | {} ms | {} | |",
-            ms(la),
-            ms(lb),
-            if la.is_zero() {
-                "n/a".to_owned()
-            } else {
-                format!("{:.2}×", lb.as_secs_f64() / la.as_secs_f64())
+            lag_ms(la),
+            lag_ms(lb),
+            match (la, lb) {
+                (Some(a), Some(b)) if !a.is_zero() =>
+                    format!("{:.2}×", b.as_secs_f64() / a.as_secs_f64()),
+                _ => "n/a".to_owned(),
             }
         );
+        if let (Some(a), Some(b)) = (small.bytes_per_hold, large.bytes_per_hold) {
+            let marginal = (b * large.holds as f64 - a * small.holds as f64)
+                / (large.holds - small.holds) as f64;
+            let _ = writeln!(
+                o,
+                "\nThe marginal memory of a hold between the two ((growth at {} − growth at {}) ÷ \
+                 {} holds, so that what every run pays once cancels out): {:.1} KiB.",
+                large.holds,
+                small.holds,
+                large.holds - small.holds,
+                marginal / 1024.0
+            );
+        }
         let lost: usize = self.scale.iter().map(|s| s.lost).sum();
         let _ = writeln!(
             o,
