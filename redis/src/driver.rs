@@ -648,6 +648,17 @@ impl Driver {
     /// queued behind the retry) would now remove the hold just granted.
     /// An undo already written ran before the retry (requests to one node
     /// run in order), so it cannot.
+    ///
+    /// For the `SET NX` and `SETNX` protocols a grant means the key was
+    /// free, so whatever the unanswered attempt wrote is gone and nothing
+    /// is lost by the withdrawal. `reentrant` grants a retry on a key that
+    /// already holds levels of ours: if the first undo did not run, the
+    /// unanswered attempt's level stays, the last release leaves one level
+    /// behind and the key lives on until its TTL. The resend would have
+    /// removed that level, but if the first undo did run it would remove
+    /// the level just granted instead, and the lock would be free while
+    /// held; nobody can tell the two apart, so the withdrawal keeps
+    /// exclusion and gives up, at worst, one TTL of availability.
     fn withdraw_undos(&mut self) {
         let io = &mut self.io;
         self.token_requests.retain(|r| {
