@@ -330,3 +330,52 @@ async fn a_granted_retry_is_not_undone_by_a_resent_undo() {
     );
     assert_eq!(redis.exists(key).await, 0);
 }
+
+/// A hold run by its guard's calls (no renewal): its acquire was answered,
+/// its release is not. The release is an unknown outcome once the request
+/// timeout has passed, not when the lease runs out 20 s later: the hold's
+/// one reply timer, armed for the acquire and fired since, is armed again
+/// for the release. (A first hold on the lock opens the connection, so
+/// that the second hold's requests are timed by that timer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_release_is_unknown_after_the_request_timeout() {
+    let Some(redis) = redis_or_skip("unanswered release") else {
+        return;
+    };
+    let relay = ReplyLoss::start(redis.port()).await;
+    redis.load_scripts().await;
+    let key = "{late-release}";
+    let options = LockOptions {
+        auto_renew: false,
+        request_timeout: Duration::from_millis(300),
+        ..LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(20))
+    };
+    let lock = Lock::new([relay.client()], "late-release", options).unwrap();
+    let first = lock.try_acquire().await.unwrap().expect("granted");
+    assert_eq!(first.release().await, Ok(true));
+    let guard = lock.try_acquire().await.unwrap().expect("granted again");
+    // Past the acquire's reply deadline: the timer armed for it fires.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.arm(key);
+    let started = std::time::Instant::now();
+    let released = tokio::time::timeout(Duration::from_secs(30), guard.release()).await;
+    let took = started.elapsed();
+    relay.arm("never sent: disarmed");
+    let mut conn = redis.conn().await;
+    let _: i64 = raw(&mut conn, redis::cmd("DEL").arg(key)).await;
+    assert!(
+        matches!(
+            released,
+            Ok(Err(Error::OutcomeUnknown {
+                operation: Operation::Release,
+                ..
+            }))
+        ),
+        "release() = {released:?}"
+    );
+    // Ten times the request timeout: a bound on a hang, not a speed check.
+    assert!(
+        took < Duration::from_secs(3),
+        "the unanswered release was reported after {took:?}, not after the 300 ms request timeout"
+    );
+}
