@@ -646,8 +646,12 @@ impl Driver {
     /// unanswered attempt that has not been written yet. The grant is the
     /// machine's retry under the same token, so such an undo (a resend
     /// queued behind the retry) would now remove the hold just granted.
-    /// An undo already written ran before the retry (requests to one node
-    /// run in order), so it cannot.
+    /// An undo already written was written before the retry (requests to
+    /// one node go one at a time). On one connection it also ran first; but
+    /// an undo without a reply retires its connection and the retry goes
+    /// out on a new one, so a server that held the old connection's undo
+    /// back could still run it after the grant. That case is not closed
+    /// here (it would take a new token for the retry).
     ///
     /// For the `SET NX` and `SETNX` protocols a grant means the key was
     /// free, so whatever the unanswered attempt wrote is gone and nothing
