@@ -63,6 +63,11 @@ enum Command {
         /// a differing cell is reported, not hidden.
         #[arg(long, value_parser = clap::value_parser!(u8).range(1..=8))]
         clients: Option<u8>,
+        /// Let this many retries per run fire late (within the retry
+        /// jitter) instead of the standard bound's number; like
+        /// `--clients`, a differing cell is reported, not hidden.
+        #[arg(long, value_name = "N")]
+        late_retries: Option<u8>,
     },
     /// Print the shortest counterexample for one cell.
     Explain {
@@ -127,13 +132,17 @@ fn main() -> ExitCode {
             shortest,
             cache,
             clients,
+            late_retries,
         } => check(
             protocols,
             faults,
             Output { json, markdown },
             threads,
             shortest,
-            clients,
+            Bounds {
+                clients,
+                late_retries,
+            },
             open_cache(cache),
         ),
         Command::Explain {
@@ -210,13 +219,26 @@ struct Output {
     markdown: bool,
 }
 
+/// The bounds `check` was told to widen or narrow; `None`: the standard's.
+#[derive(Clone, Copy, Debug)]
+struct Bounds {
+    clients: Option<u8>,
+    late_retries: Option<u8>,
+}
+
+impl Bounds {
+    fn is_standard(self) -> bool {
+        self.clients.is_none() && self.late_retries.is_none()
+    }
+}
+
 fn check(
     protocols: Vec<ProtocolId>,
     faults: Vec<Fault>,
     Output { json, markdown }: Output,
     threads: usize,
     shortest: bool,
-    clients: Option<u8>,
+    bounds: Bounds,
     cache: Option<Cache>,
 ) -> Result<bool> {
     let rules = matrix::parse_expectations(matrix::EXPECTATIONS)?;
@@ -239,12 +261,17 @@ fn check(
         for (j, &f) in faults.iter().enumerate() {
             // A cached cell is the standard run: one thread, the model's
             // invariants on, shortest counterexamples.
-            let run = match (clients, &cache) {
-                (None, Some(cache)) => matrix::standard_run(p, f, Some(cache))?,
-                (None, None) => matrix::check(p, f, threads.max(1), shortest)?,
-                (Some(n), cache) => {
+            let run = match (bounds.is_standard(), &cache) {
+                (true, Some(cache)) => matrix::standard_run(p, f, Some(cache))?,
+                (true, None) => matrix::check(p, f, threads.max(1), shortest)?,
+                (false, cache) => {
                     let mut cfg = ModelConfig::new(p, f);
-                    cfg.clients = n;
+                    if let Some(n) = bounds.clients {
+                        cfg.clients = n;
+                    }
+                    if let Some(n) = bounds.late_retries {
+                        cfg.late_retries = n;
+                    }
                     let mut model =
                         LockModel::new(cfg, PropertyId::ALL.to_vec()).map_err(|source| {
                             matrix::CheckError::Config {

@@ -28,7 +28,8 @@
 //! instead: what the jitter changes is where one client's retries fall
 //! against another's and against expiries, and a fixed 1 s window later
 //! gives such shifts, though not the adapter's exact range
-//! ([`Reductions::one_late_retry`] opens the window for one retry per run).
+//! ([`Reductions::bounded_late_retries`] opens the window for
+//! [`ModelConfig::late_retries`] retries per run).
 //! A client whose acquire gives up still wanted the lock: `progress` counts
 //! it as waiting (in the model only error replies that repeat make an
 //! acquire fail: a missing limit key; a transport error is retried).
@@ -58,6 +59,7 @@
 
 use crate::fault::{Fault, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
+use lockwright_core::semaphores::lease_semaphore::LeaseSemaphore;
 use lockwright_core::{
     Acquire, Config, ConfigError, Event, Kind, Lease, Machine, Millis, Outcome, Protocol,
     ProtocolId, Request, RequestId, Token,
@@ -95,6 +97,10 @@ pub struct ModelConfig {
     /// backoff does (it draws earlier delays, see the module docs and
     /// [`LockModel::may_defer`]).
     pub retry_jitter: u64,
+    /// How many retries per run may fire late, within
+    /// [`ModelConfig::retry_jitter`] ([`Reductions::bounded_late_retries`];
+    /// unbounded with that reduction off).
+    pub late_retries: u8,
     /// True time at which exploration stops.
     pub horizon: u64,
     /// Latency bound of one message, ms of true time: every request and
@@ -113,6 +119,29 @@ pub struct ModelConfig {
     /// Which reductions the checker may use (all on by default; a test turns
     /// each off at small bounds and requires the same verdicts).
     pub reductions: Reductions,
+    /// A deliberate bug: the clients run this machine in place of
+    /// `protocol`'s (which should be [`Mutation::protocol`]), for the tests
+    /// that show a check can fail. `None` in every standard run.
+    pub mutation: Option<Mutation>,
+}
+
+/// A deliberately broken protocol the model can run in place of the
+/// core's, so that a test can show that the checker catches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    /// `lease-semaphore` undoes an acquire whose reply never came with a
+    /// release of the owner's token, as it once did
+    /// (`LeaseSemaphore::with_undo_of_unanswered_acquires`).
+    LeaseSemaphoreUndoesUnanswered,
+}
+
+impl Mutation {
+    /// The protocol this mutates.
+    pub fn protocol(self) -> ProtocolId {
+        match self {
+            Mutation::LeaseSemaphoreUndoesUnanswered => ProtocolId::LeaseSemaphore,
+        }
+    }
 }
 
 /// The reductions of the state space, each a switch so that a test can
@@ -132,14 +161,19 @@ pub struct Reductions {
     /// runs the request: the whole round trip's latency is the request's.
     /// See [`Action::RoundTrip`] for why that keeps the verdicts.
     pub prompt_replies: bool,
-    /// The window of [`ModelConfig::retry_jitter`] stays open until one
-    /// retry per run has fired late; then retries fire when the machine
-    /// armed them. (A client whose window was open when another's late
-    /// retry closed them all fires at once, so a run may hold two late
-    /// retries; a client paused past its retry that fires on resuming
-    /// counts as late too.) One late retry is what lines a rival's attempt
-    /// up with an expiry or a release; every later retry shifts with it.
-    pub one_late_retry: bool,
+    /// The window of [`ModelConfig::retry_jitter`] stays open until
+    /// [`ModelConfig::late_retries`] retries per run have fired late; then
+    /// retries fire when the machine armed them. (A client whose window was
+    /// open when another's late retry closed them all fires at once, so a
+    /// run may hold one late retry more; a client paused past its retry
+    /// that fires on resuming counts as late too.) Off, any number of
+    /// retries may fire late. A late retry lines a rival's attempt up with
+    /// an expiry or a release; every later retry shifts with it. One was
+    /// not enough: `lease-semaphore` under `delay` needs two (the same
+    /// client retries late twice, once for the grant whose undo is held up
+    /// and once for the permit that undo removes), which the reductions
+    /// test found by turning this bound off.
+    pub bounded_late_retries: bool,
 }
 
 impl Reductions {
@@ -149,7 +183,7 @@ impl Reductions {
         node_symmetry: true,
         prompt_delivery: true,
         prompt_replies: true,
-        one_late_retry: true,
+        bounded_late_retries: true,
     };
     /// Every reduction off.
     pub const NONE: Reductions = Reductions {
@@ -157,7 +191,7 @@ impl Reductions {
         node_symmetry: false,
         prompt_delivery: false,
         prompt_replies: false,
-        one_late_retry: false,
+        bounded_late_retries: false,
     };
 }
 
@@ -186,11 +220,13 @@ impl ModelConfig {
             retry_base: 2_000,
             retry_max: 4_000,
             retry_jitter: 1_000,
+            late_retries: 1,
             horizon: 32_000,
             latency: 400,
             reply_timeout: 1_000,
             restart_ms: 1,
             reductions: Reductions::ALL,
+            mutation: None,
         }
     }
 
@@ -218,6 +254,19 @@ impl ModelConfig {
     /// The longest retry delay with jitter.
     pub fn longest_retry(&self) -> u64 {
         self.retry_max + self.retry_jitter
+    }
+
+    /// Client `client`'s machine: the protocol's own, or its
+    /// [`ModelConfig::mutation`].
+    pub fn machine(&self, client: u8) -> Result<Machine, ConfigError> {
+        let (config, token) = (self.core_config(client), Token(LockModel::token(client)));
+        match self.mutation {
+            None => Machine::new(self.protocol, &config, token),
+            Some(Mutation::LeaseSemaphoreUndoesUnanswered) => {
+                LeaseSemaphore::with_undo_of_unanswered_acquires(&config, token)
+                    .map(Machine::LeaseSemaphore)
+            }
+        }
     }
 
     /// The core configuration every client machine is built from.
@@ -515,7 +564,7 @@ pub struct State {
     /// `delay`: messages that may still be held up beyond the latency bound
     /// (one per run).
     pub holds_left: u8,
-    /// Retries that may still fire late ([`Reductions::one_late_retry`]).
+    /// Retries that may still fire late ([`Reductions::bounded_late_retries`]).
     pub late_retries_left: u8,
     /// Grants so far, counted where the servers grant (ghost).
     pub grants: u32,
@@ -647,7 +696,7 @@ impl LockModel {
     /// A model of `cfg` checking `properties`.
     pub fn new(cfg: ModelConfig, properties: Vec<PropertyId>) -> Result<LockModel, ConfigError> {
         // Build one machine to surface configuration errors early.
-        Machine::new(cfg.protocol, &cfg.core_config(0), Token("c0".into()))?;
+        cfg.machine(0)?;
         let limit = match cfg.protocol.kind() {
             Kind::Lock => 1,
             Kind::Semaphore => cfg.core_config(0).limit as usize,
@@ -737,9 +786,7 @@ impl LockModel {
                 } else {
                     ClientClock::EXACT
                 };
-                let machine =
-                    Machine::new(cfg.protocol, &cfg.core_config(c), Token(Self::token(c)))
-                        .expect("validated in LockModel::new");
+                let machine = cfg.machine(c).expect("validated in LockModel::new");
                 ClientState {
                     machine,
                     clock,
@@ -766,8 +813,8 @@ impl LockModel {
             holds_left: u8::from(cfg.fault == Fault::Delay),
             late_retries_left: if cfg.retry_jitter == 0 {
                 0
-            } else if cfg.reductions.one_late_retry {
-                1
+            } else if cfg.reductions.bounded_late_retries {
+                cfg.late_retries
             } else {
                 u8::MAX
             },
@@ -890,7 +937,7 @@ impl LockModel {
     /// delay, the driver sleeps any delay up to the jitter longer (the
     /// adapter's backoff draws from a range too, below its longest delay),
     /// as long as the
-    /// run has a late retry left ([`Reductions::one_late_retry`]). A client
+    /// run has a late retry left ([`Reductions::bounded_late_retries`]). A client
     /// waits for its retry when it is acquiring with nothing in flight and
     /// nothing to read.
     fn may_defer(&self, state: &State, c: usize) -> bool {
@@ -1508,7 +1555,7 @@ impl LockModel {
                         .machine
                         .poll_timeout()
                         .is_some_and(|d| d < s.clients[ci].clock.at(s.time));
-                if late && self.cfg.reductions.one_late_retry {
+                if late && self.cfg.reductions.bounded_late_retries {
                     s.late_retries_left -= 1;
                 }
                 let client = &mut s.clients[ci];

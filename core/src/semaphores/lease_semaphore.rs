@@ -10,6 +10,15 @@
 //!   permits whose deadline passed, and when fewer than the limit remain
 //!   adds ours with deadline `now + ttl` and returns a fresh fence;
 //! - release: [`Script::LeaseRelease`], `ZREM` of our own token only;
+//! - an acquire whose reply never came is left to its TTL, as the lease
+//!   locks leave theirs: it is not undone. An undo would be a release of
+//!   our token, and a token is the same for every attempt of a holder: an
+//!   undo held up on the wire could run after a later attempt was granted
+//!   under that token and remove the new permit, admitting a rival beside
+//!   its holder (the model checker found it under `delay` once any number
+//!   of late retries was allowed; `model/tests/reductions.rs` keeps the
+//!   undo as a mutation it must catch). An error reply means the script
+//!   stopped before its `ZADD`, its last write: nothing to undo either.
 //! - renew: [`Script::LeaseRenew`] moves our own deadline to `now + ttl`
 //!   when the permit is still there (1), else 0 → [`Event::Lost`](crate::Event::Lost).
 //!
@@ -31,6 +40,7 @@
 //!     [*] --> Acquiring: acquire
 //!     Acquiring --> Held: lease-acquire → fence (server TIME, drop expired, ZADD deadline) / Acquired
 //!     Acquiring --> Backoff: lease-acquire → nil (full)
+//!     Acquiring --> Backoff: no reply (an unknown permit is left to its TTL, not undone)
 //!     Backoff --> Acquiring: retry timer
 //!     Held --> Held: renew every ttl/3, lease-renew → 1 / Extended
 //!     Held --> [*]: lease-renew → 0 / Lost
@@ -43,7 +53,7 @@ use crate::config::{Config, ConfigError, MAX_LIMIT};
 use crate::engine::{engine_machine, unexpected, Engine, EngineConfig, Next, Op, Recipe};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
-use crate::protocol::{Fence, Token};
+use crate::protocol::{Fence, ProtocolError, Token};
 use crate::time::Millis;
 
 /// The permits zset of the semaphore `config.name`.
@@ -97,6 +107,8 @@ pub(crate) struct LeaseRecipe {
     ttl_ms: String,
     limit: String,
     notify_releases: bool,
+    /// The mutation of [`LeaseSemaphore::with_undo_of_unanswered_acquires`].
+    undoes_unanswered: bool,
 }
 
 impl Recipe for LeaseRecipe {
@@ -148,6 +160,17 @@ impl Recipe for LeaseRecipe {
             (Step::Renew, reply) => unexpected("lease-renew", reply),
         }
     }
+
+    /// Nothing is undone (see the module docs): an unanswered acquire is
+    /// left to its TTL and retried, an error reply fails the acquire.
+    fn doubt(&self, _step: &Step, error: Option<ProtocolError>) -> Next<Step> {
+        match (error, self.undoes_unanswered) {
+            (None, false) => Next::NotGranted,
+            (Some(e), false) => Next::Abort(e),
+            (None, true) => Next::Undo,
+            (Some(e), true) => Next::Failed(e),
+        }
+    }
 }
 
 engine_machine! {
@@ -160,18 +183,41 @@ impl LeaseSemaphore {
     /// a limit) on `{name}:permits`, for the owner `token`, renewed
     /// automatically at a third of the TTL when `config.auto_renew`.
     pub fn new(config: &Config, token: Token) -> Result<LeaseSemaphore, ConfigError> {
-        lease_engine("lease-semaphore", Script::LeaseAcquire, config, token).map(LeaseSemaphore)
+        lease_engine(
+            "lease-semaphore",
+            Script::LeaseAcquire,
+            config,
+            token,
+            false,
+        )
+        .map(LeaseSemaphore)
+    }
+
+    /// A deliberately broken machine, for the tests that must catch it:
+    /// [`LeaseSemaphore::new`]'s, but an acquire whose reply never came is
+    /// undone by a release of the owner's token, as this protocol once did.
+    /// A late undo then removes a permit granted later under the same
+    /// token. Never use it to protect anything.
+    #[doc(hidden)]
+    pub fn with_undo_of_unanswered_acquires(
+        config: &Config,
+        token: Token,
+    ) -> Result<LeaseSemaphore, ConfigError> {
+        lease_engine("lease-semaphore", Script::LeaseAcquire, config, token, true)
+            .map(LeaseSemaphore)
     }
 }
 
 /// The engine of a lease semaphore named `protocol` whose grants run the
 /// script `acquire` (one with [`Script::LeaseAcquire`]'s keys and
-/// arguments).
+/// arguments); `undoes_unanswered` only for the mutation of
+/// [`LeaseSemaphore::with_undo_of_unanswered_acquires`].
 pub(crate) fn lease_engine(
     protocol: &'static str,
     acquire: Script,
     config: &Config,
     token: Token,
+    undoes_unanswered: bool,
 ) -> Result<Engine<LeaseRecipe>, ConfigError> {
     let mut engine =
         EngineConfig::checked(config.validate_semaphore(protocol), config, token.clone())?;
@@ -184,6 +230,7 @@ pub(crate) fn lease_engine(
         ttl_ms: config.ttl_ms.to_string(),
         limit: config.limit.to_string(),
         notify_releases: config.notify_releases,
+        undoes_unanswered,
     };
     engine.auto_renew = config.auto_renew;
     Ok(Engine::new(recipe, engine))

@@ -63,6 +63,7 @@
 //!     [*] --> Acquiring: acquire
 //!     Acquiring --> Held: time-fenced-lease-acquire → fence = max(counter + 1, TIME in µs) (server TIME, drop expired, ZADD deadline) / Acquired
 //!     Acquiring --> Backoff: time-fenced-lease-acquire → nil (full)
+//!     Acquiring --> Backoff: no reply (an unknown permit is left to its TTL, not undone)
 //!     Backoff --> Acquiring: retry timer
 //!     Held --> Held: renew every ttl/3, lease-renew → 1 / Extended
 //!     Held --> [*]: lease-renew → 0 / Lost
@@ -94,6 +95,7 @@ impl TimeFencedSemaphore {
             Script::TimeFencedLeaseAcquire,
             config,
             token,
+            false,
         )
         .map(TimeFencedSemaphore)
     }
