@@ -1009,12 +1009,15 @@ fn a_timed_out_fair_permit_is_lost_on_extend_and_taken_out_again() {
 
 /// An acquire whose outcome is unknown leaves nothing of ours behind for
 /// long: the semaphores that undo it leave nothing at all, and
-/// `lease-semaphore`, which must not undo it (a late undo would remove a
-/// permit granted later under the same token), leaves its permit to the
-/// TTL.
+/// `lease-semaphore` and `time-fenced-semaphore`, which must not undo it
+/// (a late undo would remove a permit granted later under the same token),
+/// leave their permit to the TTL.
 #[test]
 fn an_unknown_acquire_outcome_is_undone_or_left_to_its_ttl() {
-    for id in SEMAPHORES {
+    for id in SEMAPHORES
+        .into_iter()
+        .chain([ProtocolId::TimeFencedSemaphore])
+    {
         let mut m = Machine::new(id, &sem_config(1), Token("t".into())).unwrap();
         let mut redis = Keyspace::new();
         if id == ProtocolId::WatchSemaphore {
@@ -1036,7 +1039,10 @@ fn an_unknown_acquire_outcome_is_undone_or_left_to_its_ttl() {
         }
         let events: Vec<Event> = std::iter::from_fn(|| m.poll_event()).collect();
         assert_eq!(events, [Event::Denied], "{id}: {sent:?}");
-        let leaves_it = id == ProtocolId::LeaseSemaphore;
+        let leaves_it = matches!(
+            id,
+            ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore
+        );
         if leaves_it {
             assert_eq!(sent.len(), 1, "{id}: no undo after the grant: {sent:?}");
         }
@@ -1052,7 +1058,11 @@ fn an_unknown_acquire_outcome_is_undone_or_left_to_its_ttl() {
             other.poll_event()
         };
         if leaves_it {
-            assert_eq!(try_at(&mut redis, T0), Some(Event::Denied), "{id}: {sent:?}");
+            assert_eq!(
+                try_at(&mut redis, T0),
+                Some(Event::Denied),
+                "{id}: {sent:?}"
+            );
         }
         let at = if leaves_it { T0 + 1_001 } else { T0 };
         assert!(
@@ -1069,7 +1079,11 @@ fn is_grant(command: &Command) -> bool {
             matches!(c, Command::ZAdd { key, .. } if key == "{sem}")
                 || matches!(c, Command::SAdd { .. })
         }),
-        Command::Eval { script, .. } => *script == lockwright_core::keyspace::Script::LeaseAcquire,
+        Command::Eval { script, .. } => matches!(
+            script,
+            lockwright_core::keyspace::Script::LeaseAcquire
+                | lockwright_core::keyspace::Script::TimeFencedLeaseAcquire
+        ),
         _ => false,
     }
 }

@@ -112,7 +112,10 @@ pub(crate) struct TokenRelease {
     pub(crate) repeat_while_zero: bool,
     /// Also after an acquire request without a reply: the machine retries
     /// under the same token and would otherwise wait for its own hold.
-    /// (RedLock and the semaphores undo such attempts themselves.)
+    /// (RedLock and the ZSET and WATCH semaphores undo such attempts
+    /// themselves; `lease-semaphore` and `time-fenced-semaphore` leave
+    /// them to their TTL, since an undo by the token their retry reuses
+    /// could remove the retry's permit.)
     pub(crate) after_unknown_attempt: bool,
 }
 
