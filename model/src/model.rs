@@ -168,11 +168,13 @@ pub struct Reductions {
     /// run may hold one late retry more; a client paused past its retry
     /// that fires on resuming counts as late too.) Off, any number of
     /// retries may fire late. A late retry lines a rival's attempt up with
-    /// an expiry or a release; every later retry shifts with it. One was
-    /// not enough: `lease-semaphore` under `delay` needs two (the same
-    /// client retries late twice, once for the grant whose undo is held up
-    /// and once for the permit that undo removes), which the reductions
-    /// test found by turning this bound off.
+    /// an expiry or a release; every later retry shifts with it. The bound
+    /// once hid a bug: `lease-semaphore` undid an unanswered acquire by its
+    /// token, and a held-up undo removed the permit of a later attempt; at
+    /// the standard bounds that took three late retries (one or two found
+    /// nothing), and the reductions test found it by turning this bound
+    /// off. The protocol no longer sends that undo; the test keeps it as
+    /// a mutation that must be caught without the bound.
     pub bounded_late_retries: bool,
 }
 
