@@ -642,6 +642,13 @@ impl Io {
         true
     }
 
+    /// A request with an id below `id` is queued or in flight.
+    pub(crate) fn has_request_below(&self, id: RequestId) -> bool {
+        self.links.iter().any(|l| {
+            l.in_flight.as_ref().is_some_and(|f| f.id < id) || l.queue.iter().any(|r| r.id < id)
+        })
+    }
+
     /// Nothing queued or in flight.
     pub(crate) fn is_idle(&self) -> bool {
         self.links.iter().all(|l| l.in_flight.is_none())

@@ -110,12 +110,14 @@ pub(crate) struct TokenRelease {
     /// Ask the script to publish a release notice.
     pub(crate) notify: bool,
     pub(crate) repeat_while_zero: bool,
-    /// Also after an acquire request without a reply: the machine retries
-    /// under the same token and would otherwise wait for its own hold.
-    /// (RedLock and the ZSET and WATCH semaphores undo such attempts
-    /// themselves; `lease-semaphore` and `time-fenced-semaphore` leave
-    /// them to their TTL, since an undo by the token their retry reuses
-    /// could remove the retry's permit.)
+    /// Also after an acquire request without a reply, whose next attempt
+    /// then runs under a new owner token (see [`FreshAttempt`]): otherwise
+    /// the attempt's hold, which nobody would release, blocks the lock
+    /// until its TTL (under `setnx-del`, for ever). (RedLock and the ZSET
+    /// and WATCH semaphores undo such attempts themselves;
+    /// `lease-semaphore` and `time-fenced-semaphore` leave them to their
+    /// TTL, since an undo by the token their retry reuses could remove the
+    /// retry's permit.)
     pub(crate) after_unknown_attempt: bool,
 }
 
@@ -130,6 +132,59 @@ impl TokenRelease {
             keys: self.keys.clone(),
             args: lockwright_core::keyspace::script::release_args(args, self.notify),
         }
+    }
+}
+
+/// Builds the machine for the attempt after an unanswered one: the same
+/// protocol and configuration under a new owner token, its backoff
+/// starting at the delay the `n`th such attempt would wait (argument `n`,
+/// from 1), so that attempts against a dead node still back off.
+pub(crate) type MakeMachine =
+    std::sync::Arc<dyn Fn(u32) -> Result<(Machine, lockwright_core::Token), Error> + Send + Sync>;
+
+/// A new owner token for every attempt after an unanswered one.
+///
+/// The unanswered attempt is undone by its token (see [`TokenRelease`]).
+/// If the retry reused that token, the undo could remove the retry's hold:
+/// an undo without a reply retires its connection, the retry goes out on
+/// a new one and is granted, and a server that held the old connection's
+/// undo back runs it afterwards; a rival then takes the lock beside its
+/// holder. Under a new token the undo matches nothing of the retry's, so
+/// it is left to run (it still removes a late write of the unanswered
+/// attempt, if it comes after that write).
+///
+/// The driver swaps the machine when the old one's retry timer fires (the
+/// old machine holds nothing and has no request in flight then), so the
+/// retry keeps the old machine's timing.
+pub(crate) struct FreshAttempt {
+    make: MakeMachine,
+    /// The acquire in progress, for the new machine.
+    how: Option<Acquire>,
+    /// An attempt went unanswered: the next one needs a new machine.
+    owed: bool,
+    /// New machines built for this acquire so far.
+    built: u32,
+}
+
+impl FreshAttempt {
+    /// Fresh machines from `make`.
+    pub(crate) fn new(make: MakeMachine) -> FreshAttempt {
+        FreshAttempt {
+            make,
+            how: None,
+            owed: false,
+            built: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for FreshAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FreshAttempt")
+            .field("how", &self.how)
+            .field("owed", &self.owed)
+            .field("built", &self.built)
+            .finish_non_exhaustive()
     }
 }
 
@@ -148,6 +203,9 @@ const FIRST_TOKEN_RELEASE_ID: u64 = u64::MAX / 2;
 #[derive(Debug)]
 struct TokenReleaseRequest {
     id: u64,
+    /// The release, by the token of the hold it was sent for (a later
+    /// attempt may run under another token).
+    command: lockwright_core::keyspace::Command,
     node: usize,
     rounds_left: usize,
     /// Resends left when it gets no reply (the undo of an unanswered
@@ -179,6 +237,7 @@ pub(crate) fn new(
     settings: &NodeSettings,
     span: tracing::Span,
     token_release: Option<HoldRelease>,
+    fresh: Option<FreshAttempt>,
 ) -> Inline {
     let (lost, _) = watch::channel(false);
     Inline(Some(Box::new(Driver {
@@ -193,6 +252,7 @@ pub(crate) fn new(
         warned: None,
         unanswered: None,
         token_release,
+        fresh,
         token_requests: Vec::new(),
         next_token_id: FIRST_TOKEN_RELEASE_ID,
         tally: None,
@@ -356,6 +416,8 @@ struct Driver {
     unanswered: Option<String>,
     /// How to remove a hold by its token (None: the protocol cannot).
     token_release: Option<HoldRelease>,
+    /// Where an attempt after an unanswered one runs under a new token.
+    fresh: Option<FreshAttempt>,
     /// Token-release requests in flight.
     token_requests: Vec<TokenReleaseRequest>,
     next_token_id: u64,
@@ -430,7 +492,9 @@ impl Driver {
             }
             () = fire(&mut self.sleep), if deadline.is_some() => {
                 let now = self.now();
-                self.machine.handle_timeout(now);
+                if !self.start_fresh_attempt(now) {
+                    self.machine.handle_timeout(now);
+                }
             }
             op = next_op(&mut self.ops), if ops_open => match op {
                 Some(op) => self.apply(op),
@@ -483,6 +547,10 @@ impl Driver {
                     }
                     How::Forever => Acquire::Until(Millis(u64::MAX)),
                 };
+                if let Some(fresh) = &mut self.fresh {
+                    fresh.how = Some(how);
+                    fresh.owed = false;
+                }
                 self.machine.acquire(now, how)
             }
             // The lease cell is marked released when the hold ends (a
@@ -577,11 +645,13 @@ impl Driver {
                     .as_ref()
                     .is_some_and(|t| t.how.after_unknown_attempt)
                 {
-                    // Before the machine's retry under the same token; one
-                    // round only (an unanswered attempt adds one level at
-                    // most), so that no later round can remove a level
-                    // the retry is granted.
+                    // One round only: an unanswered attempt adds one level at
+                    // most. The retry runs under a new token (without one,
+                    // under the same token, and after the undo on this node).
                     self.send_token_release(1, UNDO_RETRIES);
+                    if let Some(fresh) = &mut self.fresh {
+                        fresh.owed = true;
+                    }
                 }
                 if let Some(error) = failure.permanent {
                     // No retry can mend it: end the acquire now. The machine
@@ -632,11 +702,12 @@ impl Driver {
         let request = Request {
             id: lockwright_core::RequestId(id),
             node: lockwright_core::NodeId(node_id),
-            command,
+            command: command.clone(),
         };
         if self.io.send(request) {
             self.token_requests.push(TokenReleaseRequest {
                 id,
+                command,
                 node,
                 rounds_left,
                 retries_left,
@@ -645,27 +716,17 @@ impl Driver {
         }
     }
 
-    /// The acquire was granted: withdraw every undo of an earlier
-    /// unanswered attempt that has not been written yet. The grant is the
-    /// machine's retry under the same token, so such an undo (a resend
-    /// queued behind the retry) would now remove the hold just granted.
-    /// An undo already written was written before the retry (requests to
-    /// one node go one at a time). On one connection it also ran first; but
-    /// an undo without a reply retires its connection and the retry goes
-    /// out on a new one, so a server that held the old connection's undo
-    /// back could still run it after the grant. That case is not closed
-    /// here (it would take a new token for the retry).
-    ///
-    /// For the `SET NX` and `SETNX` protocols a grant means the key was
-    /// free, so whatever the unanswered attempt wrote is gone and nothing
-    /// is lost by the withdrawal. `reentrant` grants a retry on a key that
-    /// already holds levels of ours: if the first undo did not run, the
-    /// unanswered attempt's level stays, the last release leaves one level
-    /// behind and the key lives on until its TTL. The resend would have
-    /// removed that level, but if the first undo did run it would remove
-    /// the level just granted instead, and the lock would be free while
-    /// held; nobody can tell the two apart, so the withdrawal keeps
-    /// exclusion and gives up, at worst, one TTL of availability.
+    /// Where the retry after an unanswered attempt runs under the same
+    /// token (the machine's own retry, without a [`FreshAttempt`]), the
+    /// grant withdraws every undo of that attempt that has not been written
+    /// yet: such an undo (a resend queued behind the retry) would now
+    /// remove the hold just granted. An undo already written was written
+    /// before the retry (requests to one node go one at a time). On one
+    /// connection it also ran first; but an undo without a reply retires
+    /// its connection and the retry goes out on a new one, so a server that
+    /// held the old connection's undo back could still run it after the
+    /// grant. The withdrawal cannot close that; a new token for the retry
+    /// does, and drivers with a [`FreshAttempt`] do not withdraw.
     fn withdraw_undos(&mut self) {
         let io = &mut self.io;
         self.token_requests.retain(|r| {
@@ -677,6 +738,44 @@ impl Driver {
         });
     }
 
+    /// The machine's retry timer fired after an unanswered attempt: build
+    /// a new machine, under a new token, and start the acquire on it
+    /// instead (see [`FreshAttempt`]). `false`: nothing to swap, the timer
+    /// is the machine's.
+    fn start_fresh_attempt(&mut self, now: Millis) -> bool {
+        let Some(fresh) = &mut self.fresh else {
+            return false;
+        };
+        let Some(how) = fresh.how else {
+            return false;
+        };
+        let swap = fresh.owed
+            && matches!(self.pending, Pending::Acquire(_))
+            && self.machine.lease().is_none()
+            && !self
+                .io
+                .has_request_below(lockwright_core::RequestId(FIRST_TOKEN_RELEASE_ID));
+        if !swap {
+            return false;
+        }
+        fresh.owed = false;
+        fresh.built = fresh.built.saturating_add(1);
+        let started = (fresh.make)(fresh.built).and_then(|(machine, token)| {
+            self.machine = machine;
+            if let Some(release) = &mut self.token_release {
+                release.token = token;
+            }
+            tracing::debug!("retrying under a new owner token");
+            self.machine.acquire(now, how).map_err(Error::from)
+        });
+        if let Err(e) = started {
+            if let Pending::Acquire(done) = std::mem::replace(&mut self.pending, Pending::None) {
+                drop(done.send(Err(e)));
+            }
+        }
+        true
+    }
+
     /// A token release's answer: once more while a reentrant count is left,
     /// then, when the application waits, its result once every node answered.
     fn on_token_release(&mut self, id: u64, outcome: Outcome, failure: Option<Failure>) {
@@ -684,7 +783,7 @@ impl Driver {
             return;
         };
         let request = self.token_requests.swap_remove(at);
-        let command = self.token_release.as_ref().map(|t| t.how.command(&t.token));
+        let command = Some(request.command.clone());
         match (&outcome, failure, command) {
             (_, Some(_), Some(command)) if request.retries_left > 0 => {
                 self.send_token_request(
@@ -798,7 +897,9 @@ impl Driver {
         let pending = std::mem::replace(&mut self.pending, Pending::None);
         match (event, pending) {
             (Event::Acquired(lease), Pending::Acquire(done)) => {
-                self.withdraw_undos();
+                if self.fresh.is_none() {
+                    self.withdraw_undos();
+                }
                 let cell = LeaseCell::new(lease.valid_until);
                 self.cell = Some(cell.clone());
                 if let Err(Ok(Some(granted))) = done.send(Ok(Some(Granted { lease, cell }))) {

@@ -201,6 +201,9 @@ struct Shared {
     notices: Option<Arc<Notices>>,
     /// How a hold is removed by its owner token (`None`: it cannot be).
     token_release: Option<Arc<TokenRelease>>,
+    /// An attempt after an unanswered one runs under a new owner token
+    /// (`false` only in [`Lock::retrying_under_one_token`]).
+    fresh_tokens: bool,
 }
 
 impl Shared {
@@ -274,6 +277,7 @@ impl Shared {
             config,
             settings,
             notices,
+            fresh_tokens: true,
         })
     }
 
@@ -439,6 +443,7 @@ impl Shared {
                 token: token.clone(),
             });
             let machine = build_machine(self.protocol, &config, token)?;
+            let fresh = self.fresh_attempts();
             // The acquire runs in this future. Dropping the future part-way
             // drops `driver`, which then finishes in a task of its own: it
             // gives back any grant that arrives and stops.
@@ -448,6 +453,7 @@ impl Shared {
                 &self.settings,
                 span.clone(),
                 token_release,
+                fresh,
             );
             let (done, mut result) = oneshot::channel();
             driver.apply(Op::Acquire { how, done });
@@ -467,6 +473,36 @@ impl Shared {
         }
         .instrument(op_span)
         .await
+    }
+
+    /// Where an acquire undoes its unanswered attempts by token, the maker
+    /// of the machines for the attempts after them, each under a new owner
+    /// token (see `driver::FreshAttempt`).
+    fn fresh_attempts(&self) -> Option<driver::FreshAttempt> {
+        let undoes = self
+            .token_release
+            .as_ref()
+            .is_some_and(|t| t.after_unknown_attempt);
+        if !undoes || !self.fresh_tokens {
+            return None;
+        }
+        let protocol = self.protocol;
+        let base = self.config.clone();
+        Some(driver::FreshAttempt::new(Arc::new(move |n: u32| {
+            let (token, seed) = token_and_seed()?;
+            // The backoff goes on growing where the earlier machines' left it.
+            let grown = base
+                .retry_base_ms
+                .saturating_mul(1u64 << n.min(32))
+                .min(base.retry_max_ms)
+                .max(base.retry_base_ms);
+            let config = Config {
+                seed,
+                retry_base_ms: grown,
+                ..base.clone()
+            };
+            Ok((build_machine(protocol, &config, token.clone())?, token))
+        })))
     }
 
     /// How to remove this protocol's hold with the owner token alone: after
@@ -595,6 +631,19 @@ impl Lock {
     /// The protocol this lock runs.
     pub fn protocol(&self) -> ProtocolId {
         self.shared.protocol
+    }
+
+    /// A deliberate bug, for the tests that must catch it: the attempt
+    /// after an unanswered one reuses the owner token, so the undo of the
+    /// unanswered attempt, held up on the network, can remove the retry's
+    /// hold. Takes effect on a lock without clones (call it on the lock
+    /// [`Lock::new`] returned); otherwise it changes nothing.
+    #[doc(hidden)]
+    pub fn retrying_under_one_token(mut self) -> Lock {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.fresh_tokens = false;
+        }
+        self
     }
 
     /// The Redis key holding the lock: `{name}`, or the name itself with

@@ -418,6 +418,11 @@ pub enum Fate {
     LoseReplies,
     /// Requests never reach the server (and so nothing comes back).
     DropRequests,
+    /// Requests are held back (in order, in the relay) until
+    /// [`Relay::release_held`]; then they reach the server, also when the
+    /// client has closed the connection in the meantime. Replies that
+    /// come before the release pass.
+    HoldRequests,
 }
 
 /// A TCP relay on a loopback port in front of a server. Each chunk a client
@@ -428,6 +433,7 @@ pub enum Fate {
 #[derive(Debug)]
 pub struct Relay {
     port: u16,
+    release: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Relay {
@@ -446,16 +452,25 @@ impl Relay {
             Err(e) => panic!("relay: {e}"),
         };
         let decide = std::sync::Arc::new(decide);
+        let release = std::sync::Arc::new(tokio::sync::watch::channel(false).0);
+        let released = release.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
                 else {
                     continue;
                 };
-                tokio::spawn(relay_one(client, server, decide.clone(), reply_delay));
+                let held = released.subscribe();
+                tokio::spawn(relay_one(client, server, decide.clone(), reply_delay, held));
             }
         });
-        Relay { port }
+        Relay { port, release }
+    }
+
+    /// Let every request held by [`Fate::HoldRequests`] through, now and
+    /// from then on.
+    pub fn release_held(&self) {
+        self.release.send_replace(true);
     }
 
     /// A client of the server through the relay.
@@ -472,6 +487,7 @@ async fn relay_one(
     server: tokio::net::TcpStream,
     decide: std::sync::Arc<impl Fn(&[u8]) -> Fate + Send + Sync + 'static>,
     reply_delay: Duration,
+    mut released: tokio::sync::watch::Receiver<bool>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fate = std::sync::Arc::new(std::sync::Mutex::new(Fate::Pass));
@@ -481,21 +497,47 @@ async fn relay_one(
     let decided = fate.clone();
     let up = async move {
         let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = client_read.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
+        let mut held: Vec<u8> = Vec::new();
+        loop {
+            let read = tokio::select! {
+                read = client_read.read(&mut buf) => Some(read),
+                _ = released.wait_for(|r| *r), if !held.is_empty() => None,
+            };
+            let Some(read) = read else {
+                if server_write.write_all(&held).await.is_err() {
+                    return;
+                }
+                held.clear();
+                continue;
+            };
+            let n = match read {
+                Ok(n) if n > 0 => n,
+                _ => break,
+            };
             let chunk = &buf[..n];
             let now = decide(chunk);
             if now != Fate::Pass {
                 *decided.lock().unwrap_or_else(|e| e.into_inner()) = now;
             }
-            if current(&decided) == Fate::DropRequests {
-                continue;
+            match current(&decided) {
+                Fate::DropRequests => continue,
+                Fate::HoldRequests if !*released.borrow() => {
+                    held.extend_from_slice(chunk);
+                    continue;
+                }
+                _ => {}
             }
             if server_write.write_all(chunk).await.is_err() {
                 break;
             }
+        }
+        // The client went away with requests held: they still reach the
+        // server once released (a request the network delivers late).
+        let release_came = !held.is_empty() && released.wait_for(|r| *r).await.is_ok();
+        if release_came {
+            let _ = server_write.write_all(&held).await;
+            // Long enough for the server to read them before the close.
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
     let down = async move {
@@ -504,7 +546,7 @@ async fn relay_one(
             if n == 0 {
                 break;
             }
-            if current(&fate) != Fate::Pass {
+            if matches!(current(&fate), Fate::LoseReplies | Fate::DropRequests) {
                 continue;
             }
             if !reply_delay.is_zero() {

@@ -179,8 +179,9 @@ async fn a_cancelled_acquire_after_an_unanswered_grant_leaves_no_hold() {
 }
 
 /// `acquire()` without a deadline, after one grant ran without a reply:
-/// the undo runs before the machine's retry under the same token, so the
-/// acquire gets the free lock once the fault is gone.
+/// the grant is undone by its token before the next attempt (which runs
+/// under a new token), so the acquire gets the free lock once the fault is
+/// gone instead of waiting for its own hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_does_not_wait_for_its_own_unanswered_grant() {
     let Some(redis) = redis_or_skip("self-deadlock after lost reply") else {
@@ -269,9 +270,11 @@ async fn until_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str
 }
 
 /// An acquire attempt without a reply is undone by token; when that undo
-/// gets no reply either, it is sent again, queued behind the machine's
-/// retry under the same token. If the retry is granted, the queued resend
-/// must not run: it would delete the hold just granted. Scripted on the
+/// gets no reply either, it is sent again, queued behind the next attempt.
+/// If that attempt is granted, the resend must not delete the hold just
+/// granted (it runs under a new token, so the resend matches nothing of
+/// it; with the retry under the same token the queued resend is withdrawn
+/// instead). Scripted on the
 /// server's command counts: the second `SET` (the waiting acquire's first
 /// attempt) loses its reply, its undo (the second `EVALSHA`) loses its
 /// reply, then the fault is gone and the retry is granted.

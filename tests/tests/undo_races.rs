@@ -143,3 +143,165 @@ async fn an_unanswered_undo_is_sent_again_and_does_not_block_the_next_attempt() 
         plan.unlocks.load(Ordering::SeqCst)
     );
 }
+
+/// What a held-back undo left of a hold granted after it.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterTheUndo {
+    /// The key still names the holder.
+    Held,
+    /// The key is gone or names nobody we know: the undo removed the
+    /// retry's hold, and a rival could take the lock beside its holder.
+    Removed(String),
+}
+
+/// An unanswered acquire attempt (its request never reaches Redis), whose
+/// undo is held up on the network past its reply timeout; the acquire's
+/// next attempt goes out on a new connection and is granted; then the
+/// held undo reaches Redis and runs. `one_token`: the deliberate bug of
+/// retrying under the unanswered attempt's token.
+async fn held_back_undo(protocol: ProtocolId, one_token: bool) -> Option<AfterTheUndo> {
+    let redis = redis_or_skip("held-back undo")?;
+    redis.load_scripts().await;
+    let (lock_needle, unlock_needle) = match protocol {
+        ProtocolId::SetnxDel => ("$5\r\nSETNX\r\n", Script::CompareAndDelete.sha1()),
+        ProtocolId::Reentrant => (Script::ReentrantLock.sha1(), Script::ReentrantUnlock.sha1()),
+        ProtocolId::Fenced => (
+            Script::FencedAcquire.sha1(),
+            Script::CompareAndDelete.sha1(),
+        ),
+        _ => ("$3\r\nSET\r\n", Script::CompareAndDelete.sha1()),
+    };
+    use Fate::*;
+    let plan = Arc::new(Plan {
+        locks: AtomicUsize::new(0),
+        unlocks: AtomicUsize::new(0),
+        lock_needle,
+        unlock_needle,
+        // The first attempt (a one-shot attempt of its own) finds a rival's
+        // key; the waiting acquire's first attempt is lost.
+        lock_fates: vec![Pass, DropRequests],
+        unlock_fates: vec![HoldRequests],
+    });
+    let relay = Relay::start(redis.port(), Duration::ZERO, {
+        let plan = plan.clone();
+        move |chunk| plan.decide(chunk)
+    })
+    .await;
+    let options = LockOptions {
+        auto_renew: false,
+        notify: false,
+        request_timeout: Duration::from_millis(200),
+        retry_base: Duration::from_millis(300),
+        retry_max: Duration::from_millis(300),
+        ..LockOptions::new(protocol, Duration::from_secs(30))
+    };
+    let name = "held-undo";
+    // A rival's hold, gone before the retry.
+    let mut conn = redis.conn().await;
+    let mut rival = if protocol == ProtocolId::Reentrant {
+        redis::cmd("HSET")
+            .arg("{held-undo}")
+            .arg("rival")
+            .arg(1)
+            .clone()
+    } else {
+        redis::cmd("SET").arg("{held-undo}").arg("rival").clone()
+    };
+    let _: redis::Value = lockwright_tests::raw(&mut conn, &mut rival).await;
+    let _: i64 =
+        lockwright_tests::raw(&mut conn, redis::cmd("PEXPIRE").arg("{held-undo}").arg(150)).await;
+    let mut lock = Lock::new([relay.client()], name, options).unwrap();
+    if one_token {
+        lock = lock.retrying_under_one_token();
+    }
+    let got = tokio::time::timeout(Duration::from_secs(10), lock.acquire()).await;
+    let Ok(Ok(guard)) = got else {
+        panic!("{protocol}: acquire after one unanswered attempt: {got:?}");
+    };
+    let attempts = plan.locks.load(Ordering::SeqCst);
+    let undos = plan.unlocks.load(Ordering::SeqCst);
+    assert!(
+        attempts >= 3 && undos >= 1,
+        "{protocol}: the fault did not happen as planned ({attempts} attempts, {undos} undos)"
+    );
+    let token = guard.token().0.clone();
+    let key = lock.key();
+    let holds = |conn: &mut redis::aio::MultiplexedConnection| {
+        let key = key.clone();
+        let token = token.clone();
+        let mut conn = conn.clone();
+        async move {
+            if protocol == ProtocolId::Reentrant {
+                let levels: Option<i64> =
+                    lockwright_tests::raw(&mut conn, redis::cmd("HGET").arg(&key).arg(&token))
+                        .await;
+                match levels {
+                    Some(n) if n > 0 => AfterTheUndo::Held,
+                    other => AfterTheUndo::Removed(format!("levels {other:?}")),
+                }
+            } else {
+                let value: Option<String> =
+                    lockwright_tests::raw(&mut conn, redis::cmd("GET").arg(&key)).await;
+                match value {
+                    Some(v) if v.contains(&token) => AfterTheUndo::Held,
+                    other => AfterTheUndo::Removed(format!("value {other:?}")),
+                }
+            }
+        }
+    };
+    assert_eq!(
+        holds(&mut conn).await,
+        AfterTheUndo::Held,
+        "{protocol}: granted, yet the key does not name the holder"
+    );
+    relay.release_held();
+    // The held undo reaches Redis and runs (the relay gives it 200 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = holds(&mut conn).await;
+    drop(guard);
+    Some(after)
+}
+
+/// The attempt after an unanswered one runs under a new owner token, so
+/// the unanswered attempt's undo, however late it runs, cannot remove the
+/// hold that attempt was granted: for every lock whose adapter undoes
+/// unanswered attempts by token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_undo_cannot_remove_the_retrys_hold() {
+    for protocol in [
+        ProtocolId::SetPxLua,
+        ProtocolId::Fenced,
+        ProtocolId::SetnxDel,
+        ProtocolId::Reentrant,
+    ] {
+        let Some(after) = held_back_undo(protocol, false).await else {
+            return;
+        };
+        assert_eq!(
+            after,
+            AfterTheUndo::Held,
+            "{protocol}: the late undo removed the hold"
+        );
+    }
+}
+
+/// The same run with the retry under the unanswered attempt's token (a
+/// deliberate bug): the late undo removes the retry's hold, which the test
+/// above would report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_undo_removes_the_hold_of_a_retry_under_the_same_token() {
+    for protocol in [
+        ProtocolId::SetPxLua,
+        ProtocolId::SetnxDel,
+        ProtocolId::Fenced,
+        ProtocolId::Reentrant,
+    ] {
+        let Some(after) = held_back_undo(protocol, true).await else {
+            return;
+        };
+        assert!(
+            matches!(after, AfterTheUndo::Removed(_)),
+            "{protocol}: the mutant's late undo left the hold: {after:?}"
+        );
+    }
+}
