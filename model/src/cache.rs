@@ -28,10 +28,11 @@
 //! panic or a verdict the checker did not compute for these sources.
 //!
 //! The cache only saves computing the same run twice. CI starts from a clean
-//! clone, so its cache is empty: the first test of a run that needs a cell
-//! computes it with the checker, and the tests after it read that result.
-//! Every verdict CI reports was computed by the checker in that same CI
-//! run.
+//! clone, so its cache is empty; it runs the CLI's `check --cache` first
+//! (in release), which computes every standard cell and stores it, and the
+//! tests read those results (a test needing a cell nobody stored computes
+//! it). Every verdict CI reports was computed by the checker in that same
+//! CI run.
 
 use crate::matrix::{self, Cell, CheckError, Run, Trace, Verdict};
 use crate::model::LockModel;
