@@ -59,6 +59,7 @@
 
 use crate::fault::{Fault, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
+use lockwright_core::locks::redlock::Redlock;
 use lockwright_core::semaphores::lease_semaphore::LeaseSemaphore;
 use lockwright_core::{
     Acquire, Config, ConfigError, Event, Kind, Lease, Machine, Millis, Outcome, Protocol,
@@ -133,6 +134,10 @@ pub enum Mutation {
     /// release of the owner's token, as it once did
     /// (`LeaseSemaphore::with_undo_of_unanswered_acquires`).
     LeaseSemaphoreUndoesUnanswered,
+    /// `redlock` runs every round under the client's one token, also after
+    /// an undo round some master did not answer, as it once did
+    /// (`Redlock::with_one_token_for_every_round`).
+    RedlockRetriesUnderOneToken,
 }
 
 impl Mutation {
@@ -140,6 +145,7 @@ impl Mutation {
     pub fn protocol(self) -> ProtocolId {
         match self {
             Mutation::LeaseSemaphoreUndoesUnanswered => ProtocolId::LeaseSemaphore,
+            Mutation::RedlockRetriesUnderOneToken => ProtocolId::Redlock,
         }
     }
 }
@@ -267,6 +273,9 @@ impl ModelConfig {
             Some(Mutation::LeaseSemaphoreUndoesUnanswered) => {
                 LeaseSemaphore::with_undo_of_unanswered_acquires(&config, token)
                     .map(Machine::LeaseSemaphore)
+            }
+            Some(Mutation::RedlockRetriesUnderOneToken) => {
+                Redlock::with_one_token_for_every_round(&config, token).map(Machine::Redlock)
             }
         }
     }
@@ -715,9 +724,16 @@ impl LockModel {
         format!("c{client}")
     }
 
+    /// The client a token names: `c<n>`, or `c<n>.<k>` for the `k`th new
+    /// token a RedLock machine took after an unanswered release round.
     fn owner_of_token(s: &str) -> Option<u8> {
         match s.as_bytes() {
             [b'c', d @ b'0'..=b'7'] => Some(d - b'0'),
+            [b'c', d @ b'0'..=b'7', b'.', rest @ ..]
+                if !rest.is_empty() && rest.iter().all(u8::is_ascii_digit) =>
+            {
+                Some(d - b'0')
+            }
             _ => None,
         }
     }

@@ -31,7 +31,9 @@ use lockwright_core::ProtocolId;
 use lockwright_model::cache::Cache;
 use lockwright_model::fault::{Fault, PropertyId};
 use lockwright_model::matrix::{self, Verdict};
-use lockwright_model::model::{standard_clients, LockModel, ModelConfig, PROGRESS_CLIENTS};
+use lockwright_model::model::{
+    standard_clients, LockModel, ModelConfig, Mutation, PROGRESS_CLIENTS,
+};
 use stateright::{Checker, Model};
 use std::path::Path;
 
@@ -238,5 +240,48 @@ fn the_lease_semaphores_hold_under_delay_with_a_third_client() {
                 "{protocol} delay {p} with three clients"
             );
         }
+    }
+}
+
+/// RedLock's late undo, which the standard bounds cannot show: a client
+/// whose undo round got no reply from a master retried under the same
+/// token, the held-up undo then deleted the key its retry was granted on
+/// that master, and a third client took the lock beside it. It takes three
+/// clients (one holds while the first fails and undoes, the third enters
+/// after the late undo); with three clients on three masters the space is
+/// beyond the budget, so the run puts RedLock on one master, where the
+/// same late undo takes the holder's only key. The old machine
+/// (`Mutation::RedlockRetriesUnderOneToken`) violates mutual exclusion and
+/// fenced-resource there, the machine as it is (a new token after an
+/// unanswered undo round) holds every property over the whole space
+/// (about 3 and 4 million states). At the standard bounds (two clients,
+/// three masters) the old machine holds every property: that run cannot
+/// see the mutation.
+#[test]
+fn a_late_redlock_undo_is_caught_with_a_third_client() {
+    let at = |mutation| {
+        let mut cfg = ModelConfig::new(ProtocolId::Redlock, Fault::Delay);
+        cfg.clients = 3;
+        cfg.nodes = 1;
+        cfg.mutation = mutation;
+        verdicts(cfg, PropertyId::ALL.to_vec(), None)
+    };
+    let verdict = |v: &[(PropertyId, Option<Verdict>)], p| {
+        v.iter().find(|(q, _)| *q == p).and_then(|(_, v)| *v)
+    };
+    let mutant = at(Some(Mutation::RedlockRetriesUnderOneToken));
+    for p in [PropertyId::MutualExclusion, PropertyId::FencedResource] {
+        assert_eq!(
+            verdict(&mutant, p),
+            Some(Verdict::Violated),
+            "the mutant, {p}"
+        );
+    }
+    for (p, v) in at(None) {
+        assert_eq!(
+            v,
+            Some(Verdict::Holds),
+            "redlock on one master, three clients, {p}"
+        );
     }
 }

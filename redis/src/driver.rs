@@ -900,6 +900,11 @@ impl Driver {
                 if self.fresh.is_none() {
                     self.withdraw_undos();
                 }
+                // A release by token after a loss names the token the hold
+                // was granted under (RedLock may have taken a new one).
+                if let Some(release) = &mut self.token_release {
+                    release.token = lease.token.clone();
+                }
                 let cell = LeaseCell::new(lease.valid_until);
                 self.cell = Some(cell.clone());
                 if let Err(Ok(Some(granted))) = done.send(Ok(Some(Granted { lease, cell }))) {

@@ -442,7 +442,15 @@ impl Shared {
                 how: std::sync::Arc::clone(how),
                 token: token.clone(),
             });
-            let machine = build_machine(self.protocol, &config, token)?;
+            let machine = if self.protocol == ProtocolId::Redlock && !self.fresh_tokens {
+                Machine::Redlock(
+                    lockwright_core::locks::redlock::Redlock::with_one_token_for_every_round(
+                        &config, token,
+                    )?,
+                )
+            } else {
+                build_machine(self.protocol, &config, token)?
+            };
             let fresh = self.fresh_attempts();
             // The acquire runs in this future. Dropping the future part-way
             // drops `driver`, which then finishes in a task of its own: it
@@ -636,8 +644,10 @@ impl Lock {
     /// A deliberate bug, for the tests that must catch it: the attempt
     /// after an unanswered one reuses the owner token, so the undo of the
     /// unanswered attempt, held up on the network, can remove the retry's
-    /// hold. Takes effect on a lock without clones (call it on the lock
-    /// [`Lock::new`] returned); otherwise it changes nothing.
+    /// hold (for RedLock: its machine's round after an unanswered undo
+    /// round, `Redlock::with_one_token_for_every_round`). Takes effect on a
+    /// lock without clones (call it on the lock [`Lock::new`] returned);
+    /// otherwise it changes nothing.
     #[doc(hidden)]
     pub fn retrying_under_one_token(mut self) -> Lock {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {

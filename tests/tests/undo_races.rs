@@ -305,3 +305,125 @@ async fn a_held_back_undo_removes_the_hold_of_a_retry_under_the_same_token() {
         );
     }
 }
+
+/// RedLock over three masters: the first round of the waiting acquire
+/// gets no reply from masters 0 and 1 (master 2 is taken by a rival), its
+/// undo on master 0 is held up past its timeout, the next round is granted
+/// on masters 0 and 1, and then the held undo reaches master 0 and runs.
+/// Returns whether master 0 still names the holder. `one_token`: the
+/// machine's deliberate bug of running every round under one token.
+async fn redlock_held_back_undo(one_token: bool) -> Option<bool> {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(redis_or_skip("redlock held-back undo")?);
+    }
+    let key = "{held-undo}";
+    for (i, server) in servers.iter().enumerate() {
+        server.load_scripts().await;
+        // A rival's key: for good on master 2, gone before the retry on 1.
+        let expiry = match i {
+            1 => Some(150),
+            2 => Some(60_000),
+            _ => None,
+        };
+        if let Some(ms) = expiry {
+            let mut conn = server.conn().await;
+            let _: redis::Value = lockwright_tests::raw(
+                &mut conn,
+                redis::cmd("SET").arg(key).arg("rival").arg("PX").arg(ms),
+            )
+            .await;
+        }
+    }
+    use Fate::*;
+    let plans: Vec<Arc<Plan>> = (0..3)
+        .map(|i| {
+            Arc::new(Plan {
+                locks: AtomicUsize::new(0),
+                unlocks: AtomicUsize::new(0),
+                lock_needle: "$3\r\nSET\r\n",
+                unlock_needle: Script::CompareAndDelete.sha1(),
+                // Attempt 1 (one-shot, its own token) is denied; the
+                // waiting acquire's first round is lost on masters 0 and 1.
+                lock_fates: match i {
+                    2 => vec![],
+                    _ => vec![Pass, DropRequests],
+                },
+                unlock_fates: match i {
+                    0 => vec![Pass, HoldRequests],
+                    _ => vec![],
+                },
+            })
+        })
+        .collect();
+    let mut relays = Vec::new();
+    for (server, plan) in servers.iter().zip(&plans) {
+        let plan = plan.clone();
+        relays.push(
+            Relay::start(server.port(), Duration::ZERO, move |chunk| {
+                plan.decide(chunk)
+            })
+            .await,
+        );
+    }
+    let options = LockOptions {
+        auto_renew: false,
+        notify: false,
+        request_timeout: Duration::from_millis(200),
+        retry_base: Duration::from_millis(300),
+        retry_max: Duration::from_millis(300),
+        ..LockOptions::new(ProtocolId::Redlock, Duration::from_secs(30))
+    };
+    let mut lock = Lock::new(relays.iter().map(Relay::client), "held-undo", options).unwrap();
+    if one_token {
+        lock = lock.retrying_under_one_token();
+    }
+    let got = tokio::time::timeout(Duration::from_secs(10), lock.acquire()).await;
+    let Ok(Ok(guard)) = got else {
+        panic!("redlock: acquire after one lost round: {got:?}");
+    };
+    let rounds: Vec<usize> = plans
+        .iter()
+        .map(|p| p.locks.load(Ordering::SeqCst))
+        .collect();
+    let undos = plans[0].unlocks.load(Ordering::SeqCst);
+    assert!(
+        rounds[0] >= 3 && undos >= 2,
+        "redlock: the fault did not happen as planned ({rounds:?} SETs per master, {undos} undos on master 0)"
+    );
+    let token = guard.token().0.clone();
+    let on_master_0 = || async {
+        let mut conn = servers[0].conn().await;
+        let value: Option<String> =
+            lockwright_tests::raw(&mut conn, redis::cmd("GET").arg(key)).await;
+        value.as_deref() == Some(token.as_str())
+    };
+    assert!(
+        on_master_0().await,
+        "redlock: granted, yet master 0 does not name the holder"
+    );
+    relays[0].release_held();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = on_master_0().await;
+    drop(guard);
+    Some(held)
+}
+
+/// RedLock's round after an undo round that a master did not answer runs
+/// under a new token, so the late undo cannot take master 0 from the
+/// holder's quorum; with one token for every round (a deliberate bug) it
+/// does, and the holder is left on one master of three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_redlock_undo_cannot_remove_a_later_rounds_key() {
+    let Some(held) = redlock_held_back_undo(false).await else {
+        return;
+    };
+    assert!(held, "the late undo removed the holder's key on master 0");
+    let Some(held) = redlock_held_back_undo(true).await else {
+        return;
+    };
+    assert!(
+        !held,
+        "the mutant's late undo left master 0's key: the test cannot fail"
+    );
+}

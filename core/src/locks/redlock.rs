@@ -52,6 +52,18 @@
 //! - **Denied after the clean-up.** After a failed attempt the machine waits
 //!   for the release round before it reports [`Event::Denied`] or backs off,
 //!   so two rounds are never in flight at once.
+//! - **A new token after an unanswered release.** A compare-and-delete
+//!   that got no reply may still run later (held up on the network, or on
+//!   a connection the driver retired), and it deletes whatever key holds
+//!   its token. Had the next round reused that token, such a late undo
+//!   could delete the key the retry was just granted on that master, take
+//!   the holder below a quorum and let a rival take the lock beside it. So
+//!   after a release round (an undo or the application's release) in which
+//!   some master did not answer, the machine's next round runs under a new
+//!   owner token: the given token with `.1`, `.2`, ... appended. The lease
+//!   names the token its round was granted under. A late `SET NX` of a
+//!   failed round can still leave a key under the old token: it blocks that
+//!   master until its TTL, never a hold of ours.
 //!
 //! Redlock's safety rests on bounded clock drift and on masters that do not
 //! forget a key: a master whose clock jumps forward, or that restarts empty
@@ -74,7 +86,7 @@
 //!     Round --> Round: SET key token NX PX ttl on every master
 //!     Round --> Held: quorum OK and ttl − elapsed − drift > 0 / Acquired
 //!     Round --> Undo: no quorum, or no validity left, or an error reply
-//!     Undo --> Backoff: compare-and-delete on every master
+//!     Undo --> Backoff: compare-and-delete on every master, then a new token if one did not answer
 //!     Undo --> [*]: after an error reply / Failed
 //!     Backoff --> Round: retry timer
 //!     Backoff --> [*]: deadline passed / Denied
@@ -267,7 +279,15 @@ enum State {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Redlock {
     key: String,
+    /// The owner token the machine was built with.
+    given: Token,
+    /// The token of the current (or next) acquire round and of the hold it
+    /// gets: `given`, or `given.n` after `n` renamings.
     token: Token,
+    /// How many times a new token was taken (see the module docs).
+    renamed: u32,
+    /// A deliberate bug for the tests: never take a new token.
+    one_token: bool,
     nodes: u8,
     ttl_ms: u64,
     drift_ms: u64,
@@ -298,7 +318,10 @@ impl Redlock {
         }
         Ok(Redlock {
             key: config.key(),
+            given: token.clone(),
             token,
+            renamed: 0,
+            one_token: false,
             nodes: config.nodes,
             ttl_ms: config.ttl_ms,
             drift_ms: config.drift(),
@@ -311,7 +334,27 @@ impl Redlock {
         })
     }
 
+    /// A deliberate bug, for the tests that must catch it: every round
+    /// runs under `token`, also after a release round that got no reply
+    /// from some master (see the module docs for what a late undo then
+    /// does).
+    #[doc(hidden)]
+    pub fn with_one_token_for_every_round(
+        config: &Config,
+        token: Token,
+    ) -> Result<Redlock, ConfigError> {
+        let mut lock = Redlock::new(config, token)?;
+        lock.one_token = true;
+        Ok(lock)
+    }
+
     // Getters.
+
+    /// The owner token the next acquire round runs under (the one the
+    /// machine was built with until a release round goes unanswered).
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
 
     /// The number of masters.
     pub fn nodes(&self) -> usize {
@@ -452,6 +495,9 @@ impl Redlock {
             },
             State::Releasing { round, then } => {
                 let was_held = round.count(Answer::Yes) > 0;
+                if round.count(Answer::Failed) > 0 {
+                    self.rename();
+                }
                 self.go_idle();
                 match then {
                     Then::Report => self.base.out.emit(Event::Released { was_held }),
@@ -468,6 +514,16 @@ impl Redlock {
     fn hold(&mut self, lease: Lease) {
         self.base.timers.set(Timer::Expiry, lease.valid_until);
         self.state = State::Held { lease };
+    }
+
+    /// A compare-and-delete under the current token may still run: later
+    /// rounds take a new token, which it cannot match.
+    fn rename(&mut self) {
+        if self.one_token {
+            return;
+        }
+        self.renamed = self.renamed.saturating_add(1);
+        self.token = Token(format!("{}.{}", self.given.0, self.renamed));
     }
 
     fn go_idle(&mut self) {
@@ -889,6 +945,97 @@ mod tests {
         }
         // Attempts at 0, 10 (delay 10) and 30 would pass the deadline: 2.
         assert_eq!(attempts, 2);
+    }
+
+    /// The token a request writes or compares against.
+    fn token_of(r: &Request) -> String {
+        match &r.command {
+            Command::Set { value, .. } => value.clone(),
+            Command::Eval { args, .. } => args[0].clone(),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Round 1 gets nothing; its undo gets no reply from master 0 (which
+    /// may run it later, after round 2 was granted there); round 2 then
+    /// runs under `me.1` and is granted under it. Without a missing undo
+    /// reply the token stays; the mutant never changes it.
+    fn second_round_token(one_token: bool, undo_answered_by_all: bool) -> (String, String) {
+        let c = config(3, 1_000);
+        let token = Token("me".into());
+        let mut l = if one_token {
+            Redlock::with_one_token_for_every_round(&c, token).unwrap()
+        } else {
+            Redlock::new(&c, token).unwrap()
+        };
+        l.acquire(Millis(0), Acquire::Until(Millis(10_000)))
+            .unwrap();
+        for r in drain(&mut l).0 {
+            assert_eq!(token_of(&r), "me");
+            l.handle_reply(Millis(1), r.id, Outcome::Unknown);
+        }
+        let undo = drain(&mut l).0;
+        assert!(undo.iter().all(is_release) && undo.len() == 3);
+        for r in &undo {
+            assert_eq!(token_of(r), "me", "the undo is by the round's token");
+            let outcome = if r.node == NodeId(0) && !undo_answered_by_all {
+                Outcome::Unknown
+            } else {
+                Outcome::Reply(Reply::Int(0))
+            };
+            l.handle_reply(Millis(2), r.id, outcome);
+        }
+        let retry_at = l.poll_timeout().expect("backing off");
+        l.handle_timeout(retry_at);
+        let round = drain(&mut l).0;
+        assert_eq!(round.len(), 3);
+        let sent = token_of(&round[0]);
+        assert!(round.iter().all(|r| token_of(r) == sent));
+        for r in round {
+            l.handle_reply(retry_at + 1, r.id, Outcome::Reply(Reply::ok()));
+        }
+        let lease = l.lease().expect("granted").token.0.clone();
+        (sent, lease)
+    }
+
+    #[test]
+    fn a_retry_after_an_unanswered_undo_runs_under_a_new_token() {
+        assert_eq!(
+            second_round_token(false, false),
+            ("me.1".to_owned(), "me.1".to_owned())
+        );
+        assert_eq!(
+            second_round_token(false, true),
+            ("me".to_owned(), "me".to_owned())
+        );
+        assert_eq!(
+            second_round_token(true, false),
+            ("me".to_owned(), "me".to_owned()),
+            "the deliberate bug keeps the token"
+        );
+    }
+
+    #[test]
+    fn an_unanswered_release_gives_the_next_acquire_a_new_token() {
+        let mut l = lock(3, 1_000);
+        l.acquire(Millis(0), Acquire::Once).unwrap();
+        for r in drain(&mut l).0 {
+            l.handle_reply(Millis(1), r.id, Outcome::Reply(Reply::ok()));
+        }
+        assert_eq!(l.lease().unwrap().token.0, "me");
+        l.release(Millis(2)).unwrap();
+        let release = drain(&mut l).0;
+        for r in &release {
+            let outcome = if r.node == NodeId(2) {
+                Outcome::Unknown
+            } else {
+                Outcome::Reply(Reply::Int(1))
+            };
+            l.handle_reply(Millis(3), r.id, outcome);
+        }
+        assert_eq!(l.token().0, "me.1");
+        l.acquire(Millis(4), Acquire::Once).unwrap();
+        assert!(drain(&mut l).0.iter().all(|r| token_of(r) == "me.1"));
     }
 
     #[test]
