@@ -136,9 +136,12 @@ impl TokenRelease {
 }
 
 /// Builds the machine for the attempt after an unanswered one: the same
-/// protocol and configuration under a new owner token, its backoff
-/// starting at the delay the `n`th such attempt would wait (argument `n`,
-/// from 1), so that attempts against a dead node still back off.
+/// protocol and configuration under a new owner token, its base retry
+/// delay doubled for each machine built before it (`n`, from 1; capped at
+/// the maximum), so that attempts against a dead node still back off. The
+/// doublings of the earlier machines' own denied attempts are not carried
+/// over: after a denial streak and one unanswered attempt the delay starts
+/// lower again (availability only).
 pub(crate) type MakeMachine =
     std::sync::Arc<dyn Fn(u32) -> Result<(Machine, lockwright_core::Token), Error> + Send + Sync>;
 
@@ -253,6 +256,7 @@ pub(crate) fn new(
         unanswered: None,
         token_release,
         fresh,
+        undo_owed: false,
         token_requests: Vec::new(),
         next_token_id: FIRST_TOKEN_RELEASE_ID,
         tally: None,
@@ -418,6 +422,9 @@ struct Driver {
     token_release: Option<HoldRelease>,
     /// Where an attempt after an unanswered one runs under a new token.
     fresh: Option<FreshAttempt>,
+    /// An acquire request just went unanswered: undo it by token unless the
+    /// machine holds (see `undo_if_not_held`).
+    undo_owed: bool,
     /// Token-release requests in flight.
     token_requests: Vec<TokenReleaseRequest>,
     next_token_id: u64,
@@ -489,6 +496,7 @@ impl Driver {
                 }
                 let now = self.now();
                 self.machine.handle_reply(now, id, outcome);
+                self.undo_if_not_held();
             }
             () = fire(&mut self.sleep), if deadline.is_some() => {
                 let now = self.now();
@@ -640,19 +648,15 @@ impl Driver {
                 self.unanswered = Some(failure.text.clone());
             }
             Pending::Acquire(_) => {
-                if self
+                // Decided once the machine has seen the unknown outcome
+                // (`undo_if_not_held`): a machine that counts the attempt
+                // as granted (`setnx-expire` after a won `SETNX` whose
+                // `EXPIRE` went unanswered) holds under this token, and
+                // an undo would delete its hold.
+                self.undo_owed = self
                     .token_release
                     .as_ref()
-                    .is_some_and(|t| t.how.after_unknown_attempt)
-                {
-                    // One round only: an unanswered attempt adds one level at
-                    // most. The retry runs under a new token (without one,
-                    // under the same token, and after the undo on this node).
-                    self.send_token_release(1, UNDO_RETRIES);
-                    if let Some(fresh) = &mut self.fresh {
-                        fresh.owed = true;
-                    }
-                }
+                    .is_some_and(|t| t.how.after_unknown_attempt);
                 if let Some(error) = failure.permanent {
                     // No retry can mend it: end the acquire now. The machine
                     // still gets its unknown outcome and winds down.
@@ -672,6 +676,21 @@ impl Driver {
             Pending::None | Pending::Cleanup => {
                 tracing::debug!(node, problem = %failure.text, "no reply");
             }
+        }
+    }
+
+    /// After an acquire request without a reply, once the machine has seen
+    /// that: undo the attempt by its token unless the machine now holds
+    /// under it. One round only (an unanswered attempt adds one level at
+    /// most). The next attempt runs under a new token (without a
+    /// [`FreshAttempt`], under the same token, after the undo on this node).
+    fn undo_if_not_held(&mut self) {
+        if !std::mem::take(&mut self.undo_owed) || self.machine.lease().is_some() {
+            return;
+        }
+        self.send_token_release(1, UNDO_RETRIES);
+        if let Some(fresh) = &mut self.fresh {
+            fresh.owed = true;
         }
     }
 

@@ -498,7 +498,7 @@ impl Shared {
         let base = self.config.clone();
         Some(driver::FreshAttempt::new(Arc::new(move |n: u32| {
             let (token, seed) = token_and_seed()?;
-            // The backoff goes on growing where the earlier machines' left it.
+            // The base delay doubles with each machine built (see `MakeMachine`).
             let grown = base
                 .retry_base_ms
                 .saturating_mul(1u64 << n.min(32))

@@ -427,3 +427,54 @@ async fn a_held_back_redlock_undo_cannot_remove_a_later_rounds_key() {
         "the mutant's late undo left master 0's key: the test cannot fail"
     );
 }
+
+/// `setnx-expire` counts a won `SETNX` whose `EXPIRE` got no reply as
+/// granted (the key is ours, maybe without a TTL). The adapter undoes an
+/// unanswered acquire request by token only when the machine does not
+/// hold afterwards: an undo here would delete the hold just granted, and a
+/// rival would take the lock beside its holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_last_request_went_unanswered_is_not_undone() {
+    let Some(redis) = redis_or_skip("setnx-expire unanswered EXPIRE") else {
+        return;
+    };
+    redis.load_scripts().await;
+    let relay = Relay::start(redis.port(), Duration::ZERO, |chunk: &[u8]| {
+        let needle = b"$6\r\nEXPIRE\r\n";
+        if chunk.windows(needle.len()).any(|w| w == needle) {
+            Fate::LoseReplies
+        } else {
+            Fate::Pass
+        }
+    })
+    .await;
+    let options = LockOptions {
+        auto_renew: false,
+        notify: false,
+        request_timeout: Duration::from_millis(200),
+        ..LockOptions::new(ProtocolId::SetnxExpire, Duration::from_secs(30))
+    };
+    let lock = Lock::new([relay.client()], "lost-expire", options).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), lock.try_acquire()).await;
+    let Ok(Ok(Some(guard))) = got else {
+        panic!("setnx-expire after an unanswered EXPIRE: {got:?}");
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        redis.exists("{lost-expire}").await,
+        1,
+        "the holder's key is gone"
+    );
+    let rival = Lock::new(
+        [redis.client()],
+        "lost-expire",
+        LockOptions::new(ProtocolId::SetnxExpire, Duration::from_secs(30)),
+    )
+    .unwrap();
+    let rival_got = rival.try_acquire().await;
+    assert!(
+        matches!(rival_got, Ok(None)),
+        "a rival got the lock beside the holder: {rival_got:?}"
+    );
+    drop(guard);
+}
