@@ -491,6 +491,9 @@ pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
     type Step: Clone + Debug + PartialEq + Eq + Hash;
     /// The first command of `op`.
     fn start(&self, op: Op, now: Millis) -> (Command, Self::Step);
+    /// From now on, write and compare `token` (see [`Engine`]'s new token
+    /// after an unanswered release).
+    fn retoken(&mut self, token: &Token);
     /// The next move after `reply` to `step` of `op`.
     fn advance(&self, op: Op, step: Self::Step, reply: Reply, now: Millis) -> Next<Self::Step>;
     /// The next move when an acquire step's reply is an error (`Some`) or
@@ -623,7 +626,15 @@ pub(crate) const GUARD_WAIT_MS: u64 = 10;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Engine<R: Recipe> {
     recipe: R,
+    /// The owner token of the next acquire and of the hold it gets: the
+    /// given one, or `given.n` after `n` unanswered releases.
     token: Token,
+    /// The owner token the machine was built with.
+    given: Token,
+    /// Releases (or undos) without a reply so far.
+    renamed: u32,
+    /// A deliberate bug for the tests: never take a new token.
+    pub(crate) one_token: bool,
     /// `None`: permits never expire (`watch-semaphore`).
     ttl_ms: Option<u64>,
     drift_ms: u64,
@@ -681,6 +692,9 @@ impl<R: Recipe> Engine<R> {
     pub(crate) fn new(recipe: R, c: EngineConfig) -> Engine<R> {
         Engine {
             recipe,
+            given: c.token.clone(),
+            renamed: 0,
+            one_token: false,
             token: c.token,
             ttl_ms: c.ttl_ms,
             drift_ms: c.drift_ms,
@@ -969,8 +983,13 @@ impl<R: Recipe> Engine<R> {
                         Next::Failed(e) => e,
                         _ => ProtocolError::Missing("a recipe step".into()),
                     },
-                    // Whether the release ran is unknown; any TTL bounds the hold.
-                    Err(None) => return self.finish_release(now, false, then),
+                    // Whether the release ran is unknown; any TTL bounds the
+                    // hold. It may still run later: no later hold of this
+                    // machine may carry its token.
+                    Err(None) => {
+                        self.rename();
+                        return self.finish_release(now, false, then);
+                    }
                     Err(Some(e)) => e,
                 };
                 match then {
@@ -1072,6 +1091,21 @@ impl<R: Recipe> Engine<R> {
                 renew_from: sent_at,
             },
         );
+    }
+
+    /// A release (or undo) got no reply: it may still run, held up on the
+    /// network or on a connection the driver retired, and delete whatever
+    /// holds its token. Had the next attempt reused that token, the late
+    /// release could take the hold it is granted (the checker finds it for
+    /// `watch-semaphore` under `delay` with three clients), so later
+    /// attempts run under `given.n`.
+    fn rename(&mut self) {
+        if self.one_token {
+            return;
+        }
+        self.renamed = self.renamed.saturating_add(1);
+        self.token = Token(format!("{}.{}", self.given.0, self.renamed));
+        self.recipe.retoken(&self.token);
     }
 
     fn finish_release(&mut self, now: Millis, ours: bool, then: Then) {

@@ -1172,3 +1172,79 @@ fn the_limit_property_catches_the_unguarded_fair_semaphore() {
     });
     assert!(found.is_err(), "the race must be found");
 }
+
+/// An acquire attempt whose grant was lost on its way is undone; the undo
+/// gets no reply either and runs late, after the next attempt was granted. The
+/// next attempt runs under a new token (`t.1`), so the late undo removes
+/// nothing of it; with one token for every attempt (a deliberate bug) it
+/// removes the new permit.
+#[test]
+fn a_late_undo_cannot_remove_the_permit_of_a_later_attempt() {
+    for one_token in [false, true] {
+        let config = sem_config(1);
+        let token = Token("t".into());
+        let mut m = Machine::WatchSemaphore(if one_token {
+            watch_semaphore::WatchSemaphore::with_one_token_for_every_attempt(&config, token)
+                .unwrap()
+        } else {
+            watch_semaphore::WatchSemaphore::new(&config, token).unwrap()
+        });
+        let mut redis = Keyspace::new();
+        let max = watch_semaphore::set_max_size_command(&config, 1).unwrap();
+        redis.execute(ConnId(9), Millis(0), &max);
+        m.acquire(Millis(T0), Acquire::Until(Millis(T0 + 60_000)))
+            .unwrap();
+        let mut now = T0;
+        let mut held_undo = None;
+        let mut granted = None;
+        while granted.is_none() {
+            let Some(r) = m.poll_transmit() else {
+                now = m.poll_timeout().expect("backing off").0;
+                m.handle_timeout(Millis(now));
+                continue;
+            };
+            // The undo of the lost grant is held back (not run yet) and
+            // gets no reply.
+            let is_undo = matches!(&r.command, Command::SRem { .. });
+            if is_undo && held_undo.is_none() {
+                held_undo = Some(r.command.clone());
+                m.handle_reply(Millis(now), r.id, Outcome::Unknown);
+                continue;
+            }
+            // The first grant is lost on its way (it never runs).
+            let outcome = if is_grant(&r.command) && held_undo.is_none() {
+                Outcome::Unknown
+            } else {
+                Outcome::Reply(redis.execute(ConnId(0), Millis(now), &r.command))
+            };
+            m.handle_reply(Millis(now), r.id, outcome);
+            while let Some(e) = m.poll_event() {
+                if let Event::Acquired(lease) = e {
+                    granted = Some(lease);
+                }
+            }
+        }
+        let lease = granted.expect("granted");
+        let undo = held_undo.expect("an undo was sent");
+        // The late undo runs now.
+        redis.execute(ConnId(1), Millis(now), &undo);
+        let holders = redis.execute(
+            ConnId(1),
+            Millis(now),
+            &Command::SCard {
+                key: "{sem}:holders".into(),
+            },
+        );
+        if one_token {
+            assert_eq!(lease.token.0, "t");
+            assert_eq!(holders, Reply::Int(0), "the mutant's permit is gone");
+        } else {
+            assert_eq!(lease.token.0, "t.1");
+            assert_eq!(
+                holders,
+                Reply::Int(1),
+                "the permit of the attempt under the new token stays"
+            );
+        }
+    }
+}

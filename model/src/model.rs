@@ -61,6 +61,7 @@ use crate::fault::{Fault, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
 use lockwright_core::locks::redlock::Redlock;
 use lockwright_core::semaphores::lease_semaphore::LeaseSemaphore;
+use lockwright_core::semaphores::watch_semaphore::WatchSemaphore;
 use lockwright_core::{
     Acquire, Config, ConfigError, Event, Kind, Lease, Machine, Millis, Outcome, Protocol,
     ProtocolId, Request, RequestId, Token,
@@ -138,6 +139,10 @@ pub enum Mutation {
     /// an undo round some master did not answer, as it once did
     /// (`Redlock::with_one_token_for_every_round`).
     RedlockRetriesUnderOneToken,
+    /// `watch-semaphore` runs every attempt under the client's one token,
+    /// also after an undo that got no reply, as it once did
+    /// (`WatchSemaphore::with_one_token_for_every_attempt`).
+    WatchSemaphoreRetriesUnderOneToken,
 }
 
 impl Mutation {
@@ -146,6 +151,7 @@ impl Mutation {
         match self {
             Mutation::LeaseSemaphoreUndoesUnanswered => ProtocolId::LeaseSemaphore,
             Mutation::RedlockRetriesUnderOneToken => ProtocolId::Redlock,
+            Mutation::WatchSemaphoreRetriesUnderOneToken => ProtocolId::WatchSemaphore,
         }
     }
 }
@@ -276,6 +282,10 @@ impl ModelConfig {
             }
             Some(Mutation::RedlockRetriesUnderOneToken) => {
                 Redlock::with_one_token_for_every_round(&config, token).map(Machine::Redlock)
+            }
+            Some(Mutation::WatchSemaphoreRetriesUnderOneToken) => {
+                WatchSemaphore::with_one_token_for_every_attempt(&config, token)
+                    .map(Machine::WatchSemaphore)
             }
         }
     }
@@ -725,7 +735,7 @@ impl LockModel {
     }
 
     /// The client a token names: `c<n>`, or `c<n>.<k>` for the `k`th new
-    /// token a RedLock machine took after an unanswered release round.
+    /// token its machine took after a release that got no reply.
     fn owner_of_token(s: &str) -> Option<u8> {
         match s.as_bytes() {
             [b'c', d @ b'0'..=b'7'] => Some(d - b'0'),

@@ -285,3 +285,44 @@ fn a_late_redlock_undo_is_caught_with_a_third_client() {
         );
     }
 }
+
+/// The same late undo in `watch-semaphore`, found by a full three-client
+/// check of its `delay` cell (86 million states, 11 minutes in release):
+/// an acquire whose request was lost is undone with `SREM` of its token,
+/// the `SREM` is held up, the retry under the same token is granted, the
+/// late `SREM` removes that permit and the third client is admitted beside
+/// the holder. The standard two-client run and the capped comparison above
+/// do not see it. The machine now takes a new token after a release or
+/// undo without a reply (`token.1`, ...). Cut at 6.5 s of true time the
+/// space is small enough for every run (about 4 million states): the old
+/// machine (`Mutation::WatchSemaphoreRetriesUnderOneToken`) violates
+/// mutual exclusion and fenced-resource there, the machine as it is holds
+/// every property.
+#[test]
+fn a_late_watch_semaphore_undo_is_caught_with_a_third_client() {
+    let at = |mutation| {
+        let mut cfg = ModelConfig::new(ProtocolId::WatchSemaphore, Fault::Delay);
+        cfg.clients = 3;
+        cfg.horizon = 6_500;
+        cfg.mutation = mutation;
+        verdicts(cfg, PropertyId::ALL.to_vec(), None)
+    };
+    let verdict = |v: &[(PropertyId, Option<Verdict>)], p| {
+        v.iter().find(|(q, _)| *q == p).and_then(|(_, v)| *v)
+    };
+    let mutant = at(Some(Mutation::WatchSemaphoreRetriesUnderOneToken));
+    for p in [PropertyId::MutualExclusion, PropertyId::FencedResource] {
+        assert_eq!(
+            verdict(&mutant, p),
+            Some(Verdict::Violated),
+            "the mutant, {p}"
+        );
+    }
+    for (p, v) in at(None) {
+        assert_eq!(
+            v,
+            Some(Verdict::Holds),
+            "watch-semaphore, three clients, {p}"
+        );
+    }
+}

@@ -176,6 +176,10 @@ impl SetPxRecipe {
 
 impl Recipe for SetPxRecipe {
     type Step = Step;
+
+    fn retoken(&mut self, token: &Token) {
+        self.token = token.clone();
+    }
     const KEEPS_RELEASED_LEASE: bool = true;
     const KEEPS_HOLD_START: bool = true;
 

@@ -104,6 +104,10 @@ pub(crate) struct SetnxDelRecipe {
 impl Recipe for SetnxDelRecipe {
     type Step = Step;
 
+    fn retoken(&mut self, token: &Token) {
+        self.token = token.clone();
+    }
+
     fn timed(&self, _step: &Step) -> bool {
         false
     }

@@ -109,6 +109,10 @@ impl SetnxExpireRecipe {
 
 impl Recipe for SetnxExpireRecipe {
     type Step = Step;
+
+    fn retoken(&mut self, token: &Token) {
+        self.token = token.clone();
+    }
     const KEEPS_RELEASED_LEASE: bool = true;
     // The book holds whatever its SETNX won; a late grant expires at once.
     const UNDOES_LATE_GRANTS: bool = false;

@@ -134,6 +134,9 @@ impl SetnxGetsetRecipe {
 
 impl Recipe for SetnxGetsetRecipe {
     type Step = Step;
+
+    /// The key holds a timestamp, not a token: nothing to change.
+    fn retoken(&mut self, _token: &Token) {}
     // The recipe holds whatever it won; a late grant expires at once.
     const UNDOES_LATE_GRANTS: bool = false;
     const REPORTS_EXTEND_AFTER_LOSS: bool = false;

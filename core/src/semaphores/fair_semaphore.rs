@@ -112,6 +112,10 @@ impl FairRecipe {
 impl Recipe for FairRecipe {
     type Step = Step;
 
+    fn retoken(&mut self, token: &Token) {
+        self.token = token.0.clone();
+    }
+
     fn start(&self, op: Op, now: Millis) -> (Command, Step) {
         let now = score(now);
         match op {

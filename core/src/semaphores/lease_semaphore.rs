@@ -114,6 +114,10 @@ pub(crate) struct LeaseRecipe {
 impl Recipe for LeaseRecipe {
     type Step = Step;
 
+    fn retoken(&mut self, token: &Token) {
+        self.token = token.0.clone();
+    }
+
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
         match op {
             Op::Acquire => (

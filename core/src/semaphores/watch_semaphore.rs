@@ -13,7 +13,14 @@
 //!            :  UNWATCH, denied
 //! ```
 //!
-//! Release is `SREM`; extend only checks membership (`SISMEMBER`).
+//! Release is `SREM`; extend only checks membership (`SISMEMBER`). An
+//! acquire whose outcome is unknown is undone with that `SREM`; when the
+//! undo (or any release) gets no reply, the machine's next attempt runs
+//! under a new token (`token.1`, `token.2`, ...), because the `SREM` may
+//! still run late and would remove a permit granted to the same token.
+//! The checker finds that late `SREM` admitting a third client under
+//! `delay` when the token is kept (the test
+//! `clients::a_late_watch_semaphore_undo_is_caught_with_a_third_client`).
 //! **There is no expiry at all**: a holder that crashes keeps its permit
 //! forever (its lease is valid until `u64::MAX`), and the semaphore shrinks
 //! by one for good. `lease-semaphore` is the answer.
@@ -165,6 +172,10 @@ pub(crate) struct WatchRecipe {
 impl Recipe for WatchRecipe {
     type Step = Step;
 
+    fn retoken(&mut self, token: &Token) {
+        self.token = token.0.clone();
+    }
+
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
         match op {
             Op::Acquire => (
@@ -273,5 +284,19 @@ impl WatchSemaphore {
         };
         engine.ttl_ms = None;
         Ok(WatchSemaphore(Engine::new(recipe, engine)))
+    }
+
+    /// A deliberate bug, for the tests that must catch it: every attempt
+    /// runs under `token`, also after an undo (`SREM`) that got no reply,
+    /// which may then run late and remove the permit a later attempt was
+    /// granted.
+    #[doc(hidden)]
+    pub fn with_one_token_for_every_attempt(
+        config: &Config,
+        token: Token,
+    ) -> Result<WatchSemaphore, ConfigError> {
+        let mut machine = WatchSemaphore::new(config, token)?;
+        machine.0.one_token = true;
+        Ok(machine)
     }
 }

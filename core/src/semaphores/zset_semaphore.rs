@@ -80,6 +80,10 @@ pub(crate) struct ZsetRecipe {
 impl Recipe for ZsetRecipe {
     type Step = Step;
 
+    fn retoken(&mut self, token: &Token) {
+        self.token = token.0.clone();
+    }
+
     fn start(&self, op: Op, now: Millis) -> (Command, Step) {
         let now = score(now);
         match op {
