@@ -199,16 +199,19 @@ impl LeaseSemaphore {
 
     /// A deliberately broken machine, for the tests that must catch it:
     /// [`LeaseSemaphore::new`]'s, but an acquire whose reply never came is
-    /// undone by a release of the owner's token, as this protocol once did.
-    /// A late undo then removes a permit granted later under the same
-    /// token. Never use it to protect anything.
+    /// undone by a release of the owner's token, and the next attempt runs
+    /// under that same token even when the undo got no reply, as this
+    /// protocol once did. A late undo then removes a permit granted later
+    /// under the same token. Never use it to protect anything.
     #[doc(hidden)]
     pub fn with_undo_of_unanswered_acquires(
         config: &Config,
         token: Token,
     ) -> Result<LeaseSemaphore, ConfigError> {
-        lease_engine("lease-semaphore", Script::LeaseAcquire, config, token, true)
-            .map(LeaseSemaphore)
+        let mut engine =
+            lease_engine("lease-semaphore", Script::LeaseAcquire, config, token, true)?;
+        engine.one_token = true;
+        Ok(LeaseSemaphore(engine))
     }
 }
 
