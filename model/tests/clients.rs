@@ -259,30 +259,26 @@ fn the_lease_semaphores_hold_under_delay_with_a_third_client() {
 /// see the mutation.
 #[test]
 fn a_late_redlock_undo_is_caught_with_a_third_client() {
-    let at = |mutation| {
-        let mut cfg = ModelConfig::new(ProtocolId::Redlock, Fault::Delay);
-        cfg.clients = 3;
-        cfg.nodes = 1;
-        cfg.mutation = mutation;
-        verdicts(cfg, PropertyId::ALL.to_vec(), None)
-    };
-    let verdict = |v: &[(PropertyId, Option<Verdict>)], p| {
-        v.iter().find(|(q, _)| *q == p).and_then(|(_, v)| *v)
-    };
-    let mutant = at(Some(Mutation::RedlockRetriesUnderOneToken));
+    let mut cfg = ModelConfig::new(ProtocolId::Redlock, Fault::Delay);
+    cfg.clients = 3;
+    cfg.nodes = 1;
+    mutant_caught_machine_holds(cfg, Mutation::RedlockRetriesUnderOneToken);
+}
+
+/// `mutation` of `cfg`'s protocol violates mutual exclusion and
+/// fenced-resource in `cfg`'s whole space; the machine as it is holds
+/// every property there.
+fn mutant_caught_machine_holds(cfg: ModelConfig, mutation: Mutation) {
+    let protocol = cfg.protocol;
+    let mut mutant = cfg.clone();
+    mutant.mutation = Some(mutation);
+    let mutant = verdicts(mutant, PropertyId::ALL.to_vec(), None);
     for p in [PropertyId::MutualExclusion, PropertyId::FencedResource] {
-        assert_eq!(
-            verdict(&mutant, p),
-            Some(Verdict::Violated),
-            "the mutant, {p}"
-        );
+        let verdict = mutant.iter().find(|(q, _)| *q == p).and_then(|(_, v)| *v);
+        assert_eq!(verdict, Some(Verdict::Violated), "{mutation:?}, {p}");
     }
-    for (p, v) in at(None) {
-        assert_eq!(
-            v,
-            Some(Verdict::Holds),
-            "redlock on one master, three clients, {p}"
-        );
+    for (p, v) in verdicts(cfg, PropertyId::ALL.to_vec(), None) {
+        assert_eq!(v, Some(Verdict::Holds), "{protocol}, three clients, {p}");
     }
 }
 
@@ -300,29 +296,8 @@ fn a_late_redlock_undo_is_caught_with_a_third_client() {
 /// every property.
 #[test]
 fn a_late_watch_semaphore_undo_is_caught_with_a_third_client() {
-    let at = |mutation| {
-        let mut cfg = ModelConfig::new(ProtocolId::WatchSemaphore, Fault::Delay);
-        cfg.clients = 3;
-        cfg.horizon = 6_500;
-        cfg.mutation = mutation;
-        verdicts(cfg, PropertyId::ALL.to_vec(), None)
-    };
-    let verdict = |v: &[(PropertyId, Option<Verdict>)], p| {
-        v.iter().find(|(q, _)| *q == p).and_then(|(_, v)| *v)
-    };
-    let mutant = at(Some(Mutation::WatchSemaphoreRetriesUnderOneToken));
-    for p in [PropertyId::MutualExclusion, PropertyId::FencedResource] {
-        assert_eq!(
-            verdict(&mutant, p),
-            Some(Verdict::Violated),
-            "the mutant, {p}"
-        );
-    }
-    for (p, v) in at(None) {
-        assert_eq!(
-            v,
-            Some(Verdict::Holds),
-            "watch-semaphore, three clients, {p}"
-        );
-    }
+    let mut cfg = ModelConfig::new(ProtocolId::WatchSemaphore, Fault::Delay);
+    cfg.clients = 3;
+    cfg.horizon = 6_500;
+    mutant_caught_machine_holds(cfg, Mutation::WatchSemaphoreRetriesUnderOneToken);
 }
