@@ -223,6 +223,33 @@ struct TokenReleaseRequest {
 /// to end the hold.
 const UNDO_RETRIES: usize = 10;
 
+/// The wait before an undo's first resend, ms; each later resend waits
+/// twice as long as the one before, up to [`UNDO_RESEND_MAX_MS`]. A server
+/// that refuses or drops every connection at once would otherwise see the
+/// [`UNDO_RETRIES`] resends back to back; spaced out, they span about 4 s,
+/// long enough to outlast a brief outage.
+const UNDO_RESEND_FIRST_MS: u64 = 10;
+
+/// The longest wait between two resends of an undo, ms.
+const UNDO_RESEND_MAX_MS: u64 = 1_000;
+
+/// The wait before the resend that leaves `retries_left` more, ms.
+fn undo_resend_delay(retries_left: usize) -> u64 {
+    let sent_before = UNDO_RETRIES.saturating_sub(retries_left + 1);
+    let doublings = u32::try_from(sent_before).unwrap_or(u32::MAX).min(16);
+    (UNDO_RESEND_FIRST_MS << doublings).min(UNDO_RESEND_MAX_MS)
+}
+
+/// An undo resend waiting for its time.
+#[derive(Debug)]
+struct DelayedResend {
+    due: Millis,
+    command: lockwright_core::keyspace::Command,
+    node: usize,
+    rounds_left: usize,
+    retries_left: usize,
+}
+
 /// The answers to a token release the application waits for.
 #[derive(Debug)]
 struct TokenReleaseTally {
@@ -258,6 +285,7 @@ pub(crate) fn new(
         fresh,
         undo_owed: false,
         token_requests: Vec::new(),
+        resends: Vec::new(),
         next_token_id: FIRST_TOKEN_RELEASE_ID,
         tally: None,
         released_by_token: None,
@@ -313,11 +341,13 @@ impl Inline {
             return Holder::Inline(self);
         };
         let lease_end = driver.machine.lease().map(|l| l.valid_until);
-        let acts_on_its_own = match (driver.machine.poll_timeout(), lease_end) {
-            (Some(at), Some(end)) => at < end,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
+        // Undo resends still waiting for their time are sent by a task too.
+        let acts_on_its_own = !driver.resends.is_empty()
+            || match (driver.machine.poll_timeout(), lease_end) {
+                (Some(at), Some(end)) => at < end,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
         if !acts_on_its_own {
             return Holder::Inline(self);
         }
@@ -383,7 +413,11 @@ impl Drop for Inline {
         let Some(driver) = self.0.take() else {
             return;
         };
-        if driver.io.is_idle() && driver.machine.lease().is_none() && !driver.machine.is_busy() {
+        if driver.io.is_idle()
+            && driver.resends.is_empty()
+            && driver.machine.lease().is_none()
+            && !driver.machine.is_busy()
+        {
             return;
         }
         // Cut short (an acquire future dropped part-way, or a grant nobody
@@ -427,6 +461,8 @@ struct Driver {
     undo_owed: bool,
     /// Token-release requests in flight.
     token_requests: Vec<TokenReleaseRequest>,
+    /// Undo resends not sent yet, each waiting for its time.
+    resends: Vec<DelayedResend>,
     next_token_id: u64,
     /// A release of a hold the machine had already given up, answered when
     /// its token-release requests are.
@@ -470,7 +506,17 @@ impl Driver {
 
     /// Wait for one input (a reply, the timer, an operation) and feed it.
     async fn step(&mut self) {
-        let deadline = self.machine.poll_timeout().and_then(|t| self.instant_of(t));
+        let machine_at = self.machine.poll_timeout();
+        let resend_at = self.resends.iter().map(|r| r.due).min();
+        let for_machine = match (machine_at, resend_at) {
+            (Some(m), Some(r)) => m <= r,
+            (m, _) => m.is_some(),
+        };
+        let deadline = machine_at
+            .into_iter()
+            .chain(resend_at)
+            .min()
+            .and_then(|t| self.instant_of(t));
         if let Some(at) = deadline {
             match &mut self.sleep {
                 Some(sleep) => sleep.as_mut().reset(at),
@@ -500,7 +546,8 @@ impl Driver {
             }
             () = fire(&mut self.sleep), if deadline.is_some() => {
                 let now = self.now();
-                if !self.start_fresh_attempt(now) {
+                self.send_due_resends(now, !for_machine);
+                if for_machine && !self.start_fresh_attempt(now) {
                     self.machine.handle_timeout(now);
                 }
             }
@@ -540,7 +587,7 @@ impl Driver {
             return false;
         }
         // A request in flight may still be a grant that must be undone.
-        self.io.is_idle() && self.machine.lease().is_none()
+        self.io.is_idle() && self.resends.is_empty() && self.machine.lease().is_none()
     }
 
     fn apply(&mut self, op: Op) {
@@ -747,6 +794,13 @@ impl Driver {
     /// grant. The withdrawal cannot close that; a new token for the retry
     /// does, and drivers with a [`FreshAttempt`] do not withdraw.
     fn withdraw_undos(&mut self) {
+        if !self.resends.is_empty() {
+            tracing::debug!(
+                resends = self.resends.len(),
+                "undo resends withdrawn: the retry was granted"
+            );
+            self.resends.clear();
+        }
         let io = &mut self.io;
         self.token_requests.retain(|r| {
             let withdrawn = io.cancel(lockwright_core::RequestId(r.id));
@@ -795,6 +849,22 @@ impl Driver {
         true
     }
 
+    /// Send the undo resends whose time has come (`earliest`: also the
+    /// first in line, which the timer woke up for).
+    fn send_due_resends(&mut self, now: Millis, earliest: bool) {
+        let first_due = self.resends.iter().map(|r| r.due).min();
+        let mut i = 0;
+        while i < self.resends.len() {
+            let due = self.resends[i].due;
+            if due <= now || (earliest && Some(due) == first_due) {
+                let r = self.resends.swap_remove(i);
+                self.send_token_request(r.node, r.command, r.rounds_left, r.retries_left, false);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// A token release's answer: once more while a reentrant count is left,
     /// then, when the application waits, its result once every node answered.
     fn on_token_release(&mut self, id: u64, outcome: Outcome, failure: Option<Failure>) {
@@ -802,19 +872,20 @@ impl Driver {
             return;
         };
         let request = self.token_requests.swap_remove(at);
-        let command = Some(request.command.clone());
-        match (&outcome, failure, command) {
-            (_, Some(_), Some(command)) if request.retries_left > 0 => {
-                self.send_token_request(
-                    request.node,
-                    command,
-                    request.rounds_left,
-                    request.retries_left - 1,
-                    false,
-                );
+        match (&outcome, failure) {
+            (_, Some(_)) if request.retries_left > 0 => {
+                let retries_left = request.retries_left - 1;
+                let due = self.now() + undo_resend_delay(retries_left);
+                self.resends.push(DelayedResend {
+                    due,
+                    command: request.command,
+                    node: request.node,
+                    rounds_left: request.rounds_left,
+                    retries_left,
+                });
                 return;
             }
-            (_, Some(failure), _) => {
+            (_, Some(failure)) => {
                 tracing::warn!(
                     problem = %failure.text,
                     "could not remove a hold by its token; its TTL ends it"
@@ -823,13 +894,19 @@ impl Driver {
                     tally.unknown = Some(failure.text);
                 }
             }
-            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None, Some(command))
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None)
                 if request.rounds_left > 1 =>
             {
-                self.send_token_request(request.node, command, request.rounds_left - 1, 0, true);
+                self.send_token_request(
+                    request.node,
+                    request.command,
+                    request.rounds_left - 1,
+                    0,
+                    true,
+                );
                 return;
             }
-            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None, _)
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(0)), None)
                 if self
                     .token_release
                     .as_ref()
@@ -841,13 +918,13 @@ impl Driver {
                     tally.unknown = Some("levels of ours are left".to_owned());
                 }
             }
-            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(1)), None, _) => {
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Int(1)), None) => {
                 tracing::info!("removed a hold by its token");
                 if let Some(tally) = &mut self.tally {
                     tally.removed = true;
                 }
             }
-            (Outcome::Reply(lockwright_core::keyspace::Reply::Error(e)), None, _) => {
+            (Outcome::Reply(lockwright_core::keyspace::Reply::Error(e)), None) => {
                 if let Some(tally) = &mut self.tally {
                     tally.unknown = Some(e.clone());
                 }

@@ -423,6 +423,9 @@ pub enum Fate {
     /// client has closed the connection in the meantime. Replies that
     /// come before the release pass.
     HoldRequests,
+    /// The request never reaches the server and the connection is closed
+    /// at once: the client's request fails without waiting for a timeout.
+    Close,
 }
 
 /// A TCP relay on a loopback port in front of a server. Each chunk a client
@@ -521,6 +524,7 @@ async fn relay_one(
             }
             match current(&decided) {
                 Fate::DropRequests => continue,
+                Fate::Close => break,
                 Fate::HoldRequests if !*released.borrow() => {
                     held.extend_from_slice(chunk);
                     continue;

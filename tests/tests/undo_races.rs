@@ -478,3 +478,76 @@ async fn a_grant_whose_last_request_went_unanswered_is_not_undone() {
     );
     drop(guard);
 }
+
+/// A one-shot acquire whose `SETNX` runs without a reply, and a server
+/// that drops the connection of every undo as it comes (the undo fails at
+/// once, with no timeout to wait for): the undo is sent again ten times,
+/// each after a wait twice the last (10 ms, 20 ms, ... up to 1 s), not
+/// back to back. The assertion is a lower bound on the time the resends
+/// take, which a slow machine cannot break; back to back they took a few
+/// milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_resends_after_a_failure_are_spaced_out() {
+    let Some(redis) = redis_or_skip("undo resends spaced out") else {
+        return;
+    };
+    redis.load_scripts().await;
+    let undo_sha = Script::CompareAndDelete.sha1();
+    let locks = Arc::new(AtomicUsize::new(0));
+    let undos = Arc::new(std::sync::Mutex::new(Vec::<std::time::Instant>::new()));
+    let relay = Relay::start(redis.port(), Duration::ZERO, {
+        let (locks, undos) = (locks.clone(), undos.clone());
+        move |chunk| {
+            let has = |s: &str| chunk.windows(s.len()).any(|w| w == s.as_bytes());
+            if has(undo_sha) {
+                undos
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(std::time::Instant::now());
+                Fate::Close
+            } else if has("$5\r\nSETNX\r\n") && locks.fetch_add(1, Ordering::SeqCst) == 0 {
+                Fate::LoseReplies
+            } else {
+                Fate::Pass
+            }
+        }
+    })
+    .await;
+    let options = LockOptions {
+        auto_renew: false,
+        notify: false,
+        request_timeout: Duration::from_millis(200),
+        ..LockOptions::new(ProtocolId::SetnxDel, Duration::from_secs(10))
+    };
+    let lock = Lock::new([relay.client()], "spaced-undo", options).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), lock.try_acquire()).await;
+    assert!(
+        matches!(got, Ok(Ok(None)) | Ok(Err(_))),
+        "a one-shot acquire whose only attempt got no reply holds nothing: {got:?}"
+    );
+    // 1 + 10 sendings; the resends wait 10+20+...+640+1000+1000+1000 ms.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let sent = loop {
+        let sent = undos.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if sent.len() >= 11 || std::time::Instant::now() > deadline {
+            break sent;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(sent.len(), 11, "undo sendings: {sent:?}");
+    let span = sent[10].duration_since(sent[0]);
+    assert!(
+        span >= Duration::from_millis(4_000),
+        "the ten resends of a failing undo took {span:?}; spaced out they take at least 4.27 s"
+    );
+    let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps[0] >= Duration::from_millis(10) && gaps[9] >= Duration::from_millis(1_000),
+        "gaps between undo sendings: {gaps:?}"
+    );
+    // Nothing more after the last resend: its TTL (none for setnx-del) or
+    // an operator is left to end the hold.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let total = undos.lock().unwrap_or_else(|e| e.into_inner()).len();
+    assert_eq!(total, 11, "undo sendings after the last resend");
+}
