@@ -17,7 +17,9 @@
 //! # Soundness
 //!
 //! The key is [`SOURCE_FINGERPRINT`] (a hash, made by `model/build.rs`, of
-//! `core/src/**`, `model/src/**`, the manifests, `Cargo.lock` and the
+//! `core/src/**`, `model/src/**` but for the three files that take no part
+//! in checking a cell (`trace.rs`, `docs.rs`, `main.rs`), the manifests,
+//! `Cargo.lock` and the
 //! compiler's version), this file format's version, and the run's own
 //! inputs: the whole [`ModelConfig`](crate::ModelConfig) (bounds and
 //! reductions), the properties and whether the model's invariants are on.

@@ -589,7 +589,7 @@ fn protocol_page(
     }
 
     s.push_str("\n## Counterexamples\n\n");
-    s.push_str("Each is a shortest one: a breadth-first search over the model that keeps the first violating state of each property (ties broken by the model's action order). Each step is the action, then the state it led to: true time `t`, each client's clock reading (`c0@…`) and belief, each node's clock reading (`n0@…`) and keys with their expiry on the node's clock.\n");
+    s.push_str("Each is a shortest one: a breadth-first search over the model that keeps the first violating state of each property (ties broken by the model's action order). Each step is the action, then the state it led to: true time `t`, each client's clock reading (`c0@…`) and belief, each node's clock reading (`n0@…`) and keys with their expiry on the node's clock. In each diagram a green bar on a client's lifeline spans the steps during which it is inside its critical section (it believes it holds and its own clock has not passed its validity, or it is paused), and the step at which the property breaks is shaded red.\n");
     let mut any = false;
     for f in Fault::ALL {
         let Some(result) = computed.results.get(&(id, f)) else {
