@@ -91,6 +91,18 @@ impl Fault {
         matches!(self, Fault::Failover | Fault::FailoverClockLag)
     }
 
+    /// Which kind of step the fault takes: faults of one family other than
+    /// [`Family::Own`] are variants of the same step and cannot share a run.
+    pub fn family(self) -> Family {
+        match self {
+            Fault::Restart | Fault::RestartDelayed | Fault::RestartPersisted | Fault::ClockBack => {
+                Family::Restart
+            }
+            Fault::Failover | Fault::FailoverClockLag => Family::Failover,
+            _ => Family::Own,
+        }
+    }
+
     /// The stable id.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,6 +121,101 @@ impl Fault {
             Fault::Partition => "partition",
         }
     }
+}
+
+/// Faults that are variants of one step ([`Fault::family`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// A node restarts (`restart`, `restart-delayed`, `restart-persisted`,
+    /// `clock-back`).
+    Restart,
+    /// Node 0's replica is promoted (`failover`, `failover-clock-lag`).
+    Failover,
+    /// A step of its own.
+    Own,
+}
+
+/// Two fault classes in one run, each acting at most once
+/// (`lockwright check --faults a+b`). Written `a+b`; the order does not
+/// change the runs, only which fault's budget is bit 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FaultPair(Fault, Fault);
+
+impl FaultPair {
+    /// The pair of `a` and `b`: two different faults, neither `none`, not
+    /// two variants of one step (two restarts, two failovers).
+    pub fn new(a: Fault, b: Fault) -> Result<FaultPair, PairError> {
+        if a == Fault::None || b == Fault::None {
+            return Err(PairError::WithNone(format!("{a}+{b}")));
+        }
+        if a == b {
+            return Err(PairError::Twice(a));
+        }
+        if a.family() != Family::Own && a.family() == b.family() {
+            return Err(PairError::SameStep(a, b));
+        }
+        Ok(FaultPair(a, b))
+    }
+
+    /// The first fault.
+    pub fn first(self) -> Fault {
+        self.0
+    }
+
+    /// The second fault.
+    pub fn second(self) -> Fault {
+        self.1
+    }
+
+    /// Every pair of two matrix columns ([`Fault::COLUMNS`]), in column
+    /// order: the 35 that [`FaultPair::new`] allows.
+    pub fn of_columns() -> Vec<FaultPair> {
+        let mut out = Vec::new();
+        for (i, &a) in Fault::COLUMNS.iter().enumerate() {
+            for &b in &Fault::COLUMNS[i + 1..] {
+                if let Ok(p) = FaultPair::new(a, b) {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for FaultPair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&format!("{}+{}", self.0, self.1))
+    }
+}
+
+impl FromStr for FaultPair {
+    type Err = PairError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let Some((a, b)) = s.split_once('+') else {
+            return Err(PairError::NotAPair(s.to_owned()));
+        };
+        FaultPair::new(a.parse()?, b.parse()?)
+    }
+}
+
+/// A text or two faults that are not a [`FaultPair`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PairError {
+    /// No `+` between two fault names.
+    #[error("{0:?} is not a fault pair: write two faults joined by '+', e.g. pause+restart")]
+    NotAPair(String),
+    /// A name that is not a fault.
+    #[error(transparent)]
+    Unknown(#[from] UnknownFault),
+    /// `none` in a pair.
+    #[error("{0}: 'none' cannot be half of a fault pair")]
+    WithNone(String),
+    /// The same fault twice.
+    #[error("{0}+{0}: a pair needs two different faults (each acts once per run)")]
+    Twice(Fault),
+    /// Two variants of one step.
+    #[error("{0}+{1}: both are a variant of the same step (a restart, or a failover); pick one")]
+    SameStep(Fault, Fault),
 }
 
 /// A name that is not a fault class.

@@ -23,6 +23,7 @@ pub mod docs;
 pub mod fault;
 pub mod matrix;
 pub mod model;
+pub mod pairs;
 pub mod trace;
 
 /// The allocator for programs that run the checker, to be declared by each
@@ -34,7 +35,7 @@ pub mod trace;
 /// chaos clients keep the system allocator.
 pub use mimalloc::MiMalloc as Allocator;
 
-pub use fault::{Fault, PropertyId};
+pub use fault::{Fault, FaultPair, PropertyId};
 pub use model::{Action, LockModel, ModelConfig, State};
 
 use stateright::{Model, Property};

@@ -8,9 +8,10 @@ static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
 use clap::{Parser, Subcommand};
 use lockwright_core::{applications, catalogue, ProtocolId};
 use lockwright_model::cache::Cache;
-use lockwright_model::fault::{Fault, PropertyId};
+use lockwright_model::fault::{Fault, FaultPair, PropertyId};
 use lockwright_model::matrix::{self, Cell, Verdict};
 use lockwright_model::model::{LockModel, ModelConfig};
+use lockwright_model::pairs::{self, PairCell};
 use lockwright_model::trace;
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -36,9 +37,21 @@ enum Command {
         /// Only this protocol (repeatable); default: all.
         #[arg(long = "protocol", short)]
         protocols: Vec<ProtocolId>,
-        /// Only this fault (repeatable); default: the nine matrix columns.
+        /// Only this fault (repeatable); default: the ten matrix columns.
         #[arg(long = "fault", short)]
         faults: Vec<Fault>,
+        /// Check under this pair of faults in one run, each acting once
+        /// (repeatable, e.g. `--faults pause+restart`; `--faults columns`:
+        /// every pair of two matrix columns) instead of single faults. Each
+        /// cell is shown beside its verdicts under each fault alone; `*`
+        /// marks a violation that neither fault shows alone.
+        #[arg(
+            long = "faults",
+            value_name = "A+B",
+            conflicts_with_all = ["faults", "clients", "late_retries"],
+            value_parser = parse_pairs,
+        )]
+        pairs: Vec<Vec<FaultPair>>,
         /// Print one JSON object per cell.
         #[arg(long, conflicts_with = "markdown")]
         json: bool,
@@ -125,6 +138,21 @@ fn main() -> ExitCode {
         }
         Command::Check {
             protocols,
+            pairs,
+            json,
+            markdown,
+            threads,
+            cache,
+            ..
+        } if !pairs.is_empty() => check_pairs(
+            protocols,
+            pairs.concat(),
+            Output { json, markdown },
+            threads,
+            open_cache(cache),
+        ),
+        Command::Check {
+            protocols,
             faults,
             json,
             markdown,
@@ -133,6 +161,7 @@ fn main() -> ExitCode {
             cache,
             clients,
             late_retries,
+            pairs: _,
         } => check(
             protocols,
             faults,
@@ -174,6 +203,229 @@ fn main() -> ExitCode {
 }
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// `--faults`: one pair, or `columns` for every pair of two matrix columns.
+fn parse_pairs(s: &str) -> std::result::Result<Vec<FaultPair>, lockwright_model::fault::PairError> {
+    if s == "columns" {
+        return Ok(FaultPair::of_columns());
+    }
+    Ok(vec![s.parse()?])
+}
+
+/// `check --faults`: every protocol under every pair, beside its standard
+/// runs under each fault alone.
+fn check_pairs(
+    protocols: Vec<ProtocolId>,
+    pairs: Vec<FaultPair>,
+    Output { json, markdown }: Output,
+    threads: usize,
+    cache: Option<Cache>,
+) -> Result<bool> {
+    let protocols = if protocols.is_empty() {
+        ProtocolId::all().collect()
+    } else {
+        protocols
+    };
+    let total = protocols.len() * pairs.len();
+    let started = Instant::now();
+    let mut cells: Vec<PairCell> = Vec::new();
+    let mut singles: std::collections::BTreeMap<(ProtocolId, Fault), matrix::Run> =
+        std::collections::BTreeMap::new();
+    let mut states = 0usize;
+    for (i, &p) in protocols.iter().enumerate() {
+        for (j, &pair) in pairs.iter().enumerate() {
+            for f in [pair.first(), pair.second()] {
+                if let std::collections::btree_map::Entry::Vacant(slot) = singles.entry((p, f)) {
+                    slot.insert(match &cache {
+                        Some(cache) => matrix::standard_run(p, f, Some(cache))?,
+                        None => matrix::check(p, f, threads.max(1), false)?,
+                    });
+                }
+            }
+            let run = pairs::pair_run(p, pair, threads, cache.as_ref())?;
+            states += run.states;
+            let (first, second) = (&singles[&(p, pair.first())], &singles[&(p, pair.second())]);
+            let new = PairCell::new(pair, &run, first, second);
+            let violated: Vec<String> = new
+                .iter()
+                .filter(|c| c.verdict == Verdict::Violated)
+                .map(|c| {
+                    format!(
+                        "{}{}",
+                        c.property,
+                        if c.only_with_both() { "*" } else { "" }
+                    )
+                })
+                .collect();
+            eprintln!(
+                "[{:>3}/{total}] {:<22} {:<24} {:>9} states {:>7.2} s{}  violated: {}  ({:.0} s elapsed)",
+                i * pairs.len() + j + 1,
+                p.as_str(),
+                pair.to_string(),
+                run.states,
+                run.seconds,
+                if run.cached { " (cached)" } else { "" },
+                if violated.is_empty() { "-".to_owned() } else { violated.join(", ") },
+                started.elapsed().as_secs_f64()
+            );
+            cells.extend(new);
+        }
+    }
+    report_cache(cache.as_ref());
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if json {
+        for c in &cells {
+            let line = serde_json::json!({
+                "protocol": c.protocol.as_str(),
+                "pair": c.pair.to_string(),
+                "property": c.property.as_str(),
+                "verdict": c.verdict.as_str(),
+                "alone": [c.alone[0].as_str(), c.alone[1].as_str()],
+                "only_with_both": c.only_with_both(),
+                "trace_len": c.trace.as_ref().map(|t| t.len().saturating_sub(1)),
+            });
+            writeln!(out, "{line}")?;
+        }
+    } else {
+        write!(
+            out,
+            "{}",
+            render_pairs(&cells, &protocols, &pairs, markdown)?
+        )?;
+    }
+    let contradictions: Vec<&PairCell> =
+        cells.iter().filter(|c| c.contradicts_superset()).collect();
+    eprintln!(
+        "{} cells under {} pairs, {} unique states in {:.1} s; {} violated only with both faults",
+        cells.len(),
+        pairs.len(),
+        states,
+        started.elapsed().as_secs_f64(),
+        cells.iter().filter(|c| c.only_with_both()).count()
+    );
+    for c in &contradictions {
+        eprintln!(
+            "MODEL ERROR {} {} {}: holds under the pair, violated under a fault alone",
+            c.protocol, c.pair, c.property
+        );
+    }
+    Ok(contradictions.is_empty())
+}
+
+/// The pairs table, and the counterexample of every violation that
+/// neither fault shows alone.
+fn render_pairs(
+    cells: &[PairCell],
+    protocols: &[ProtocolId],
+    pairs: &[FaultPair],
+    markdown: bool,
+) -> Result<String> {
+    let short = |p: PropertyId| match p {
+        PropertyId::MutualExclusion => "ME",
+        PropertyId::FencedResource => "FR",
+        PropertyId::OwnerOnly => "OO",
+        PropertyId::Progress => "PR",
+    };
+    let cell_text = |p: ProtocolId, pair: FaultPair| -> String {
+        let parts: Vec<String> = cells
+            .iter()
+            .filter(|c| c.protocol == p && c.pair == pair && c.verdict == Verdict::Violated)
+            .map(|c| {
+                format!(
+                    "{}{}",
+                    short(c.property),
+                    if c.only_with_both() { "*" } else { "" }
+                )
+            })
+            .collect();
+        if parts.is_empty() {
+            "ok".to_owned()
+        } else {
+            parts.join(" ")
+        }
+    };
+    let mut s = String::new();
+    if markdown {
+        let args: Vec<String> = protocols.iter().map(|p| format!("-p {p}")).collect();
+        let which = if pairs == FaultPair::of_columns().as_slice() {
+            "columns".to_owned()
+        } else {
+            pairs
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(" --faults ")
+        };
+        s.push_str(&format!(
+            "# Fault pairs\n\n<!-- Generated by `cargo run --release -p lockwright-model -- check {} --faults {which} --markdown`; do not edit. -->\n\n",
+            args.join(" ")
+        ));
+        s.push_str(&format!(
+            "Each cell is computed by the model checker: the protocol under two faults in one run, each acting at most once, at the standard bounds of [verdicts.md](verdicts.md), every property checked over the whole state space. A pair can do everything either fault can do alone (it may leave the other unused), so a property violated under one fault alone is violated under the pair too (`client-skew` and a failover's replica change a run from its start; the command reports a model error should a pair hold what one fault alone breaks). What a pair adds is marked `*`: violated under the pair, held under each fault alone; its shortest counterexample follows the table. These traces are the model's: unlike the single-fault matrix, pairs are not replayed on real Redis. Computed for {} of the catalogue's protocols at source fingerprint `{}` ({} pairs, {} cells).\n\n",
+            protocols.len(),
+            lockwright_model::cache::SOURCE_FINGERPRINT,
+            pairs.len(),
+            cells.len()
+        ));
+        // One row per pair (35 columns would not read), one column per
+        // protocol.
+        s.push_str("| pair |");
+        for p in protocols {
+            s.push_str(&format!(" `{p}` |"));
+        }
+        s.push_str("\n|---|");
+        for _ in protocols {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        for &pair in pairs {
+            s.push_str(&format!("| `{pair}` |"));
+            for &p in protocols {
+                s.push_str(&format!(" {} |", cell_text(p, pair)));
+            }
+            s.push('\n');
+        }
+    } else {
+        s.push_str(&format!("{:<24}", "pair"));
+        for p in protocols {
+            s.push_str(&format!(" {:<22}", p.as_str()));
+        }
+        s.push('\n');
+        for &pair in pairs {
+            s.push_str(&format!("{:<24}", pair.to_string()));
+            for &p in protocols {
+                s.push_str(&format!(" {:<22}", cell_text(p, pair)));
+            }
+            s.push('\n');
+        }
+    }
+    s.push_str("\nok: every property holds. ME mutual-exclusion, FR fenced-resource, OO owner-only, PR progress: violated under the pair; * violated under the pair while it holds under each fault alone.\n");
+    for c in cells.iter().filter(|c| c.only_with_both()) {
+        let Some(t) = &c.trace else { continue };
+        let model = pairs::pair_model(c.protocol, c.pair, vec![c.property])?;
+        if markdown {
+            s.push_str(&format!(
+                "\n### `{}` under `{}`: `{}`\n\nShortest counterexample, {} steps:\n\n```text\n{}```\n",
+                c.protocol,
+                c.pair,
+                c.property,
+                t.len().saturating_sub(1),
+                trace::text(&model, t)
+            ));
+        } else {
+            s.push_str(&format!(
+                "\n{} under {}: {} violated in {} steps (holds under each fault alone):\n{}",
+                c.protocol,
+                c.pair,
+                c.property,
+                t.len().saturating_sub(1),
+                trace::text(&model, t)
+            ));
+        }
+    }
+    Ok(s)
+}
 
 /// The cache of `--cache DIR`, else of `LOCKWRIGHT_MATRIX_CACHE`, else none.
 fn open_cache(dir: Option<std::path::PathBuf>) -> Option<Cache> {

@@ -57,7 +57,7 @@
 //! (one node but for RedLock). Owner-only compares the holds on a node
 //! before and after each command of a client that is past its acquire.
 
-use crate::fault::{Fault, PropertyId, CLOCK_STEP_BACK};
+use crate::fault::{Family, Fault, FaultPair, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
 use lockwright_core::locks::redlock::Redlock;
 use lockwright_core::semaphores::lease_semaphore::LeaseSemaphore;
@@ -83,6 +83,10 @@ pub struct ModelConfig {
     pub protocol: ProtocolId,
     /// The fault class the environment may use.
     pub fault: Fault,
+    /// A second fault class the environment may use in the same run, each
+    /// with its own budget (`lockwright check --faults a+b`); `None` in
+    /// every standard run. See [`FaultPair`] for which pairs are allowed.
+    pub also: Option<Fault>,
     /// Number of clients (at most 8: a node keeps one bit per client).
     pub clients: u8,
     /// Number of Redis nodes (3 for RedLock, else 1).
@@ -224,6 +228,7 @@ impl ModelConfig {
         ModelConfig {
             protocol,
             fault,
+            also: None,
             clients: standard_clients(protocol),
             nodes: if protocol == ProtocolId::Redlock {
                 3
@@ -257,6 +262,46 @@ impl ModelConfig {
             cfg.clients = PROGRESS_CLIENTS;
         }
         cfg
+    }
+
+    /// The bounds of [`ModelConfig::new`] for `protocol` under both faults
+    /// of `pair` in one run.
+    pub fn for_pair(protocol: ProtocolId, pair: FaultPair) -> ModelConfig {
+        let mut cfg = ModelConfig::new(protocol, pair.first());
+        cfg.also = Some(pair.second());
+        cfg
+    }
+
+    /// The run may use fault class `f`.
+    pub fn has(&self, f: Fault) -> bool {
+        self.fault == f || self.also == Some(f)
+    }
+
+    /// The fault classes of the run: `fault`, then `also`.
+    fn faults(&self) -> impl Iterator<Item = Fault> {
+        std::iter::once(self.fault).chain(self.also)
+    }
+
+    /// The run's fault of `family` (the first, should a config name two).
+    fn of_family(&self, family: Family) -> Option<Fault> {
+        self.faults().find(|f| f.family() == family)
+    }
+
+    /// The budget bit of fault `f` (bit 0: `fault`, bit 1: `also`); 0 when
+    /// the run does not have it.
+    fn budget_bit(&self, f: Fault) -> u8 {
+        if self.fault == f {
+            1
+        } else if self.also == Some(f) {
+            2
+        } else {
+            0
+        }
+    }
+
+    /// The budget bit of the run's fault of `family`.
+    fn family_bit(&self, family: Family) -> u8 {
+        self.of_family(family).map_or(0, |f| self.budget_bit(f))
     }
 
     /// How long a waiting client may wait with no live holder inside
@@ -428,7 +473,7 @@ impl ClientState {
     /// Inside its critical section at true time `t`: it believes it holds
     /// and has not left. A well-behaved client leaves when its own clock
     /// says its validity is over, unless it is paused and cannot.
-    fn inside(&self, t: u64) -> bool {
+    pub(crate) fn inside(&self, t: u64) -> bool {
         let lease = match &self.phase {
             Phase::Holding(lease) | Phase::Checked(lease) => lease,
             _ => return false,
@@ -580,7 +625,9 @@ pub struct State {
     pub links: Vec<Link>,
     /// The protected resource.
     pub resource: Resource,
-    /// Fault actions left.
+    /// Fault actions left: bit 0 while the run's fault may still act, bit
+    /// 1 likewise for its second fault ([`ModelConfig::also`]); each acts
+    /// once.
     pub budget: u8,
     /// `delay`: messages that may still be held up beyond the latency bound
     /// (one per run).
@@ -798,12 +845,12 @@ impl LockModel {
                     .execute(ConnId(u32::MAX), Millis(NODE_CLOCK_START), &set_max);
             }
         }
-        if cfg.fault.has_replica() {
+        if cfg.faults().any(Fault::has_replica) {
             nodes[0].replica = Some(Keyspace::new());
         }
         let clients = (0..cfg.clients)
             .map(|c| {
-                let clock = if cfg.fault == Fault::ClientSkew && c == 1 {
+                let clock = if cfg.has(Fault::ClientSkew) && c == 1 {
                     // Half a TTL ahead and 1 % slow: within RedLock's drift
                     // allowance (ttl/100 + 2 ms) over one TTL.
                     ClientClock {
@@ -834,11 +881,11 @@ impl LockModel {
             nodes,
             links: vec![Link::default(); usize::from(cfg.clients) * usize::from(cfg.nodes)],
             resource: Resource::default(),
-            budget: match cfg.fault {
-                Fault::None | Fault::ClientSkew => 0,
-                _ => 1,
-            },
-            holds_left: u8::from(cfg.fault == Fault::Delay),
+            budget: cfg
+                .faults()
+                .filter(|f| !matches!(f, Fault::None | Fault::ClientSkew))
+                .fold(0, |bits, f| bits | cfg.budget_bit(f)),
+            holds_left: u8::from(cfg.has(Fault::Delay)),
             late_retries_left: if cfg.retry_jitter == 0 {
                 0
             } else if cfg.reductions.bounded_late_retries {
@@ -1451,28 +1498,59 @@ impl LockModel {
     /// symmetry reduction over identical clients. It does not hold where
     /// token order decides something (`zset-semaphore` breaks score ties by
     /// member name) or where clients differ (`client-skew`, which has no
-    /// client-level fault anyway).
+    /// client-level fault anyway). With a fault pair, clients are alike
+    /// only while one client-level fault may strike and neither fault is
+    /// `client-skew`: a pair of two client-level faults, or one with
+    /// `client-skew`, strikes any client.
     fn may_strike(&self, c: u8) -> bool {
+        let pair_breaks_symmetry = self.cfg.also.is_some()
+            && (self.cfg.has(Fault::ClientSkew)
+                || self
+                    .cfg
+                    .faults()
+                    .filter(|f| matches!(f, Fault::Crash | Fault::Pause | Fault::Delay))
+                    .count()
+                    > 1);
         c == 0
             || !self.cfg.reductions.client_symmetry
+            || pair_breaks_symmetry
             || self.cfg.protocol == ProtocolId::ZsetSemaphore
+    }
+
+    /// May a node fault strike node `n`? Nodes are interchangeable (every
+    /// client treats them alike and their deliveries interleave freely), so
+    /// a node fault need only strike node 0: a symmetry reduction. With a
+    /// fault pair of two node faults (node 0's replica counts: it makes
+    /// node 0 differ) the nodes differ once the first has struck, so any
+    /// node may be struck.
+    fn may_strike_node(&self, n: u8) -> bool {
+        let node_faults = self
+            .cfg
+            .faults()
+            .filter(|f| {
+                *f == Fault::ClockJump
+                    || *f == Fault::Partition
+                    || matches!(f.family(), Family::Restart | Family::Failover)
+            })
+            .count();
+        n == 0 || !self.cfg.reductions.node_symmetry || node_faults > 1
     }
 
     /// Every action enabled in `state`.
     pub fn enabled(&self, state: &State, actions: &mut Vec<Action>) {
         let cfg = &self.cfg;
-        let fault = cfg.fault;
+        let can = |f: Fault| state.budget & cfg.budget_bit(f) != 0;
         for c in 0..cfg.clients {
             let client = &state.clients[usize::from(c)];
             let strike = self.may_strike(c);
             let now = client.clock.at(state.time);
             for n in 0..cfg.nodes {
                 let link = &state.links[self.link(c, n)];
-                let delay = strike && fault == Fault::Delay && !client.crashed;
+                let delay = strike && cfg.has(Fault::Delay) && !client.crashed;
                 if delay && state.holds_left > 0 && link.requests.front().is_some_and(|m| !m.late) {
                     actions.push(Action::Hold { client: c, node: n });
                 }
-                if delay && state.budget > 0 {
+                if delay && can(Fault::Delay) {
                     if !link.requests.is_empty() {
                         actions.push(Action::LoseRequest { client: c, node: n });
                     }
@@ -1516,12 +1594,11 @@ impl LockModel {
                     Phase::Checked(_) => actions.push(Action::Write(c)),
                     _ => {}
                 }
-                if strike && state.budget > 0 {
-                    match fault {
-                        Fault::Crash => actions.push(Action::Crash(c)),
-                        Fault::Pause => actions.push(Action::Pause(c)),
-                        _ => {}
-                    }
+                if strike && can(Fault::Crash) {
+                    actions.push(Action::Crash(c));
+                }
+                if strike && can(Fault::Pause) {
+                    actions.push(Action::Pause(c));
                 }
             }
             if client.paused && !client.crashed {
@@ -1530,18 +1607,17 @@ impl LockModel {
         }
         for n in 0..cfg.nodes {
             let node = &state.nodes[usize::from(n)];
-            // Nodes are interchangeable (every client treats them alike and
-            // their deliveries interleave freely), so a node fault need only
-            // strike node 0: a symmetry reduction.
-            if state.budget > 0 && (n == 0 || !cfg.reductions.node_symmetry) {
-                match fault {
-                    Fault::ClockJump => actions.push(Action::JumpClock(n)),
-                    Fault::Restart
-                    | Fault::RestartDelayed
-                    | Fault::RestartPersisted
-                    | Fault::ClockBack => actions.push(Action::Restart(n)),
-                    Fault::Partition => actions.push(Action::Cut(n)),
-                    _ => {}
+            if self.may_strike_node(n) {
+                if can(Fault::ClockJump) {
+                    actions.push(Action::JumpClock(n));
+                }
+                if let Some(restart) = cfg.of_family(Family::Restart) {
+                    if can(restart) {
+                        actions.push(Action::Restart(n));
+                    }
+                }
+                if can(Fault::Partition) {
+                    actions.push(Action::Cut(n));
                 }
             }
             if node.cut {
@@ -1552,7 +1628,7 @@ impl LockModel {
             if !same_data(replica, &state.nodes[0].keyspace) {
                 actions.push(Action::Replicate);
             }
-            if state.budget > 0 {
+            if cfg.of_family(Family::Failover).is_some_and(can) {
                 actions.push(Action::Promote);
             }
         }
@@ -1643,12 +1719,12 @@ impl LockModel {
                 }
             }
             Action::Crash(c) => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.budget_bit(Fault::Crash);
                 s.clients[usize::from(c)].crashed = true;
                 s.clients[usize::from(c)].waiting_since = None;
             }
             Action::Pause(c) => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.budget_bit(Fault::Pause);
                 s.clients[usize::from(c)].paused = true;
             }
             Action::Resume(c) => {
@@ -1667,21 +1743,22 @@ impl LockModel {
                 }
             }
             Action::JumpClock(n) => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.budget_bit(Fault::ClockJump);
                 let node = &mut s.nodes[usize::from(n)];
                 node.offset += self.cfg.ttl + 1;
                 let now = node.now(s.time);
                 node.keyspace.purge_expired(now);
             }
             Action::Restart(n) => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.family_bit(Family::Restart);
                 let node = &mut s.nodes[usize::from(n)];
                 node.lose_connections();
                 // A restart takes time: `restart_ms` of true time pass
                 // before the node answers again (a fence read from the
                 // node's clock relies on it).
                 let mut down = self.cfg.restart_ms;
-                match self.cfg.fault {
+                let kind = self.cfg.of_family(Family::Restart);
+                match kind.unwrap_or(Fault::Restart) {
                     Fault::RestartPersisted => node.keyspace.drop_connections(),
                     Fault::RestartDelayed => {
                         node.keyspace.restart();
@@ -1693,7 +1770,7 @@ impl LockModel {
                         node.writers.clear();
                     }
                 }
-                if self.cfg.fault == Fault::ClockBack {
+                if kind == Some(Fault::ClockBack) {
                     node.offset -= CLOCK_STEP_BACK;
                 }
                 node.down_until = Some(s.time + down);
@@ -1705,7 +1782,7 @@ impl LockModel {
                 }
             }
             Action::Promote => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.family_bit(Family::Failover);
                 let node = &mut s.nodes[0];
                 if let Some(replica) = node.replica.take() {
                     node.keyspace.replicate_from(&replica);
@@ -1713,7 +1790,7 @@ impl LockModel {
                     node.lose_connections();
                     // The promotion takes time, as a restart does.
                     node.down_until = Some(s.time + self.cfg.restart_ms);
-                    if self.cfg.fault == Fault::FailoverClockLag {
+                    if self.cfg.has(Fault::FailoverClockLag) {
                         node.offset -= CLOCK_STEP_BACK;
                     }
                 }
@@ -1734,7 +1811,7 @@ impl LockModel {
                 }
             }
             Action::LoseRequest { client, node } => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.budget_bit(Fault::Delay);
                 let l = self.link(client, node);
                 if let Some(sent) = s.links[l].requests.pop_front() {
                     s.links[l].replies.push_back(Returning {
@@ -1747,7 +1824,7 @@ impl LockModel {
                 }
             }
             Action::LoseReply { client, node } => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.budget_bit(Fault::Delay);
                 let l = self.link(client, node);
                 if s.links[l].replies.is_empty() {
                     // The request runs; its reply never comes back.
@@ -1758,7 +1835,7 @@ impl LockModel {
                 }
             }
             Action::Cut(n) => {
-                s.budget -= 1;
+                s.budget &= !self.cfg.budget_bit(Fault::Partition);
                 s.nodes[usize::from(n)].cut = true;
             }
             Action::Heal(n) => s.nodes[usize::from(n)].cut = false,
@@ -1859,12 +1936,17 @@ impl LockModel {
             Action::Pause(c) => format!("c{c} pauses"),
             Action::Resume(c) => format!("c{c} resumes"),
             Action::JumpClock(n) => format!("n{n}'s clock jumps forward by {}", self.cfg.ttl + 1),
-            Action::Restart(n) if self.cfg.fault == Fault::ClockBack => {
+            Action::Restart(n) if self.cfg.has(Fault::ClockBack) => {
                 format!("n{n} restarts empty, its clock {CLOCK_STEP_BACK} ms behind")
             }
-            Action::Restart(n) => format!("n{n} restarts ({})", self.cfg.fault),
+            Action::Restart(n) => format!(
+                "n{n} restarts ({})",
+                self.cfg
+                    .of_family(Family::Restart)
+                    .unwrap_or(Fault::Restart)
+            ),
             Action::Replicate => "n0's replica catches up".to_owned(),
-            Action::Promote if self.cfg.fault == Fault::FailoverClockLag => {
+            Action::Promote if self.cfg.has(Fault::FailoverClockLag) => {
                 format!("n0's replica, its clock {CLOCK_STEP_BACK} ms behind, is promoted")
             }
             Action::Promote => "n0's replica is promoted".to_owned(),

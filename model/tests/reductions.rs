@@ -301,3 +301,54 @@ fn a_late_undo_of_an_unanswered_acquire_is_caught_without_the_bound() {
         "the mutant at the standard late-retry bound"
     );
 }
+
+/// Fault pairs keep the symmetry reductions where each applies: a pair of
+/// one client-level fault and one node fault strikes client 0 and node 0
+/// only (`LockModel::may_strike`, `may_strike_node`); pairs of two
+/// client-level or two node faults strike any client or node, and need no
+/// comparison. Each such pair at small bounds, with both symmetries on and
+/// off, must give the same verdicts. RedLock runs at half a TTL, three
+/// nodes.
+#[test]
+fn fault_pairs_keep_their_verdicts_without_symmetry() {
+    use lockwright_model::fault::FaultPair;
+    let off = Reductions {
+        client_symmetry: false,
+        node_symmetry: false,
+        ..Reductions::ALL
+    };
+    let pairs = [
+        (Fault::Pause, Fault::Restart),
+        (Fault::Crash, Fault::ClockJump),
+        (Fault::Pause, Fault::Failover),
+        (Fault::Crash, Fault::Partition),
+    ];
+    let mut differ = Vec::new();
+    for (protocol, extra) in [
+        (ProtocolId::SetnxDel, 1_000),
+        (ProtocolId::SetPxLua, 1_000),
+        (ProtocolId::LeaseSemaphore, 1_000),
+        (ProtocolId::Redlock, 0),
+    ] {
+        for (a, b) in pairs {
+            let pair = FaultPair::new(a, b).expect("a pair");
+            let with = |reductions| {
+                let mut cfg = small(protocol, a, reductions, extra);
+                cfg.also = Some(b);
+                verdicts(cfg)
+            };
+            let ((reduced, x), (full, y)) = (with(Reductions::ALL), with(off));
+            println!("{protocol} {pair} without symmetry: {y} states ({x} with it)");
+            assert!(
+                y >= x,
+                "{protocol} {pair}: fewer states without the reduction"
+            );
+            if reduced != full {
+                differ.push(format!(
+                    "{protocol} {pair}: with symmetry {reduced:?}, without {full:?}"
+                ));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "verdicts differ:\n{}", differ.join("\n"));
+}
