@@ -1790,6 +1790,15 @@ impl LockModel {
                     node.lose_connections();
                     // The promotion takes time, as a restart does.
                     node.down_until = Some(s.time + self.cfg.restart_ms);
+                    // The replica is another machine. With a fault pair,
+                    // what struck the old master's slot does not carry
+                    // over: the replica's clock reads as node clocks start
+                    // (less the lag under `failover-clock-lag`), not as a
+                    // jumped or stepped-back one, and a cut isolated the
+                    // old master, not it. (A single fault leaves these as
+                    // they start, so this changes no single-fault run.)
+                    node.offset = NODE_CLOCK_START;
+                    node.cut = false;
                     if self.cfg.has(Fault::FailoverClockLag) {
                         node.offset -= CLOCK_STEP_BACK;
                     }

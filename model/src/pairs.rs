@@ -2,12 +2,16 @@
 //! (`lockwright check --faults a+b`).
 //!
 //! A pair's run can do everything either fault's run can (it may leave the
-//! other fault unused), with two exceptions that change a run from its
-//! first step: `client-skew` sets a client's clock for the whole run, and
-//! a failover gives node 0 a replica. So a property violated under either
-//! fault alone is violated under the pair too, but for those two; what a
-//! pair adds is a violation neither fault shows alone. [`PairCell::new`]
-//! says which cells are such.
+//! other fault unused), with one exception that changes a run from its
+//! first step: `client-skew` sets a client's clock for the whole run. (A
+//! failover's replica only adds steps, replication and the promotion: no
+//! client of the model waits for replicas.) So a property violated under
+//! either fault alone is violated under the pair too, unless the other is
+//! `client-skew`; what a pair adds is a violation neither fault shows
+//! alone. [`PairCell::new`] says which cells are such.
+//!
+//! A promotion puts another machine in node 0's slot: what a restart, a
+//! clock fault or a cut did to the old master does not carry over to it.
 //!
 //! Symmetry: with two client-level faults (crash, pause, delay), or one
 //! beside `client-skew`, a fault may strike any client; with two node
@@ -113,12 +117,11 @@ impl PairCell {
     }
 
     /// Holds under the pair while violated under one fault alone: possible
-    /// only where a fault changes the run from its start
-    /// (`client-skew`, a failover's replica); anything else is an error of
-    /// the model.
+    /// only where the other fault changes the run from its start
+    /// (`client-skew`); anything else is an error of the model.
     pub fn contradicts_superset(&self) -> bool {
         let (a, b) = (self.pair.first(), self.pair.second());
-        let changes_start = |f: Fault| f == Fault::ClientSkew || f.has_replica();
+        let changes_start = |f: Fault| f == Fault::ClientSkew;
         self.verdict == Verdict::Holds
             && ((self.alone[0] == Verdict::Violated && !changes_start(b))
                 || (self.alone[1] == Verdict::Violated && !changes_start(a)))

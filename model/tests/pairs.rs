@@ -49,6 +49,93 @@ fn a_pair_loses_what_either_fault_loses_alone() {
     }
 }
 
+/// Both faults of a pair act in one run, each once: after `c0` crashes the
+/// node may still restart, and after both neither may act again (in either
+/// order of the pair's name).
+#[test]
+fn each_fault_of_a_pair_acts_once_in_the_same_run() {
+    use lockwright_model::{Action, LockModel, ModelConfig};
+    for (a, b) in [
+        (Fault::Crash, Fault::Restart),
+        (Fault::Restart, Fault::Crash),
+    ] {
+        let pair = FaultPair::new(a, b).unwrap();
+        let cfg = ModelConfig::for_pair(ProtocolId::SetPxLua, pair);
+        let model = LockModel::new(cfg, PropertyId::ALL.to_vec()).unwrap();
+        let enabled = |s: &lockwright_model::State| {
+            let mut actions = Vec::new();
+            model.enabled(s, &mut actions);
+            actions
+        };
+        let faults = |s: &lockwright_model::State| -> Vec<Action> {
+            enabled(s)
+                .into_iter()
+                .filter(|a| matches!(a, Action::Crash(_) | Action::Restart(_)))
+                .collect()
+        };
+        let start = model.initial();
+        assert_eq!(
+            faults(&start),
+            vec![Action::Crash(0), Action::Restart(0)],
+            "{pair}"
+        );
+        let crashed = model.step(&start, &Action::Crash(0)).unwrap();
+        assert_eq!(faults(&crashed), vec![Action::Restart(0)], "{pair}");
+        let both = model.step(&crashed, &Action::Restart(0)).unwrap();
+        assert_eq!(faults(&both), vec![], "{pair}");
+        let restarted = model.step(&start, &Action::Restart(0)).unwrap();
+        assert_eq!(faults(&restarted), vec![Action::Crash(0)], "{pair}");
+    }
+}
+
+/// Which nodes a pair's node faults may strike in RedLock's three: node 0
+/// alone while one node fault is in the run (the nodes are alike), any
+/// node with two (they differ once one has struck; a failover's replica
+/// makes node 0 differ from the start).
+#[test]
+fn two_node_faults_may_strike_any_node() {
+    use lockwright_model::{Action, LockModel, ModelConfig};
+    let struck = |a: Fault, b: Fault| -> Vec<Action> {
+        let pair = FaultPair::new(a, b).unwrap();
+        let model = LockModel::new(
+            ModelConfig::for_pair(ProtocolId::Redlock, pair),
+            vec![PropertyId::MutualExclusion],
+        )
+        .unwrap();
+        let mut actions = Vec::new();
+        model.enabled(&model.initial(), &mut actions);
+        actions
+            .into_iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::Restart(_) | Action::Cut(_) | Action::JumpClock(_)
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        struck(Fault::Pause, Fault::Restart),
+        vec![Action::Restart(0)]
+    );
+    assert_eq!(struck(Fault::Crash, Fault::Partition), vec![Action::Cut(0)]);
+    assert_eq!(
+        struck(Fault::ClockJump, Fault::Partition),
+        vec![
+            Action::JumpClock(0),
+            Action::Cut(0),
+            Action::JumpClock(1),
+            Action::Cut(1),
+            Action::JumpClock(2),
+            Action::Cut(2),
+        ]
+    );
+    assert_eq!(
+        struck(Fault::Failover, Fault::Restart),
+        vec![Action::Restart(0), Action::Restart(1), Action::Restart(2)]
+    );
+}
+
 /// Each fault of a pair acts once: a pair of two faults of the same kind
 /// of step is refused, and so are `none` and a fault twice, each with its
 /// own error.
@@ -89,4 +176,64 @@ fn a_single_fault_run_has_no_second_fault() {
     let cfg = lockwright_model::ModelConfig::new(ProtocolId::Fenced, Fault::Pause);
     assert_eq!(cfg.also, None);
     assert!(cfg.has(Fault::Pause) && !cfg.has(Fault::Crash));
+}
+
+/// `docs/pairs.md` is the checker's output, not a hand-kept table: every
+/// `set-px-lua` cell in it is computed again here and must name the same
+/// violated properties and the same `*` marks. (The other columns are
+/// costlier; the doc says which sources computed them.)
+#[test]
+fn the_pairs_doc_matches_the_checker_for_set_px_lua() {
+    let doc = include_str!("../../docs/pairs.md");
+    let mut lines = doc.lines().skip_while(|l| !l.starts_with("| pair |"));
+    let header: Vec<&str> = lines
+        .next()
+        .expect("the pairs table")
+        .split('|')
+        .map(str::trim)
+        .collect();
+    let column = header
+        .iter()
+        .position(|h| *h == "`set-px-lua`")
+        .expect("a set-px-lua column");
+    let code = |p: PropertyId| match p {
+        PropertyId::MutualExclusion => "ME",
+        PropertyId::FencedResource => "FR",
+        PropertyId::OwnerOnly => "OO",
+        PropertyId::Progress => "PR",
+    };
+    let p = ProtocolId::SetPxLua;
+    let mut rows = 0;
+    for line in lines.skip(1).take_while(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let pair: FaultPair = cells[1].trim_matches('`').parse().expect("a pair");
+        let mut in_doc: Vec<&str> = cells[column].split_whitespace().collect();
+        in_doc.retain(|c| *c != "ok");
+        in_doc.sort_unstable();
+        let run = pairs::pair_run(p, pair, 2, None).expect("checks");
+        let first = matrix::check(p, pair.first(), 2, false).expect("checks");
+        let second = matrix::check(p, pair.second(), 2, false).expect("checks");
+        let mut computed: Vec<String> = PairCell::new(pair, &run, &first, &second)
+            .iter()
+            .filter(|c| c.verdict == Verdict::Violated)
+            .map(|c| {
+                format!(
+                    "{}{}",
+                    code(c.property),
+                    if c.only_with_both() { "*" } else { "" }
+                )
+            })
+            .collect();
+        computed.sort_unstable();
+        assert_eq!(
+            in_doc, computed,
+            "{p} under {pair}: docs/pairs.md against the checker"
+        );
+        rows += 1;
+    }
+    assert_eq!(
+        rows,
+        FaultPair::of_columns().len(),
+        "one row per pair of columns"
+    );
 }

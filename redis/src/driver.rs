@@ -341,8 +341,10 @@ impl Inline {
             return Holder::Inline(self);
         };
         let lease_end = driver.machine.lease().map(|l| l.valid_until);
-        // Undo resends still waiting for their time are sent by a task too.
+        // Undo resends still waiting for their time, or sent and owed
+        // another try should they fail, are run by a task too.
         let acts_on_its_own = !driver.resends.is_empty()
+            || driver.token_requests.iter().any(|r| r.retries_left > 0)
             || match (driver.machine.poll_timeout(), lease_end) {
                 (Some(at), Some(end)) => at < end,
                 (Some(_), None) => true,
