@@ -231,7 +231,9 @@ pub fn render(computed: &Computed) -> Result<Docs, DocsError> {
 
 const REGENERATE: &str = "cargo run --release -p lockwright-model -- docs";
 
-fn short(p: PropertyId) -> &'static str {
+/// The two-letter code of a property in the verdict tables (`ME`, `FR`,
+/// `OO`, `PR`).
+pub fn short(p: PropertyId) -> &'static str {
     match p {
         PropertyId::MutualExclusion => "ME",
         PropertyId::FencedResource => "FR",

@@ -8,6 +8,7 @@ static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
 use clap::{Parser, Subcommand};
 use lockwright_core::{applications, catalogue, ProtocolId};
 use lockwright_model::cache::Cache;
+use lockwright_model::docs::short;
 use lockwright_model::fault::{Fault, FaultPair, PropertyId};
 use lockwright_model::matrix::{self, Cell, Verdict};
 use lockwright_model::model::{LockModel, ModelConfig};
@@ -313,6 +314,17 @@ fn check_pairs(
     Ok(contradictions.is_empty())
 }
 
+/// A Markdown table's header row and rule: `first`, then `columns`.
+fn markdown_head(first: &str, columns: impl Iterator<Item = String>) -> String {
+    let mut head = format!("| {first} |");
+    let mut rule = String::from("|---|");
+    for c in columns {
+        head.push_str(&format!(" {c} |"));
+        rule.push_str("---|");
+    }
+    format!("{head}\n{rule}\n")
+}
+
 /// The pairs table, and the counterexample of every violation that
 /// neither fault shows alone.
 fn render_pairs(
@@ -321,12 +333,6 @@ fn render_pairs(
     pairs: &[FaultPair],
     markdown: bool,
 ) -> Result<String> {
-    let short = |p: PropertyId| match p {
-        PropertyId::MutualExclusion => "ME",
-        PropertyId::FencedResource => "FR",
-        PropertyId::OwnerOnly => "OO",
-        PropertyId::Progress => "PR",
-    };
     let cell_text = |p: ProtocolId, pair: FaultPair| -> String {
         let parts: Vec<String> = cells
             .iter()
@@ -370,15 +376,10 @@ fn render_pairs(
         ));
         // One row per pair (35 columns would not read), one column per
         // protocol.
-        s.push_str("| pair |");
-        for p in protocols {
-            s.push_str(&format!(" `{p}` |"));
-        }
-        s.push_str("\n|---|");
-        for _ in protocols {
-            s.push_str("---|");
-        }
-        s.push('\n');
+        s.push_str(&markdown_head(
+            "pair",
+            protocols.iter().map(|p| format!("`{p}`")),
+        ));
         for &pair in pairs {
             s.push_str(&format!("| `{pair}` |"));
             for &p in protocols {
@@ -632,12 +633,6 @@ fn render_matrix(
     markdown: bool,
 ) -> String {
     let mut s = String::new();
-    let short = |p: PropertyId| match p {
-        PropertyId::MutualExclusion => "ME",
-        PropertyId::FencedResource => "FR",
-        PropertyId::OwnerOnly => "OO",
-        PropertyId::Progress => "PR",
-    };
     let cell_text = |p: ProtocolId, f: Fault| -> String {
         let mut parts = Vec::new();
         for c in cells.iter().filter(|c| c.protocol == p && c.fault == f) {
@@ -663,15 +658,10 @@ fn render_matrix(
         }
     };
     if markdown {
-        s.push_str("| protocol |");
-        for f in faults {
-            s.push_str(&format!(" {f} |"));
-        }
-        s.push_str("\n|---|");
-        for _ in faults {
-            s.push_str("---|");
-        }
-        s.push('\n');
+        s.push_str(&markdown_head(
+            "protocol",
+            faults.iter().map(|f| f.to_string()),
+        ));
         for p in protocols {
             s.push_str(&format!("| `{p}` |"));
             for f in faults {

@@ -57,7 +57,7 @@
 //! (one node but for RedLock). Owner-only compares the holds on a node
 //! before and after each command of a client that is past its acquire.
 
-use crate::fault::{Family, Fault, FaultPair, PropertyId, CLOCK_STEP_BACK};
+use crate::fault::{Family, Fault, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
 use lockwright_core::locks::redlock::Redlock;
 use lockwright_core::semaphores::lease_semaphore::LeaseSemaphore;
@@ -85,7 +85,7 @@ pub struct ModelConfig {
     pub fault: Fault,
     /// A second fault class the environment may use in the same run, each
     /// with its own budget (`lockwright check --faults a+b`); `None` in
-    /// every standard run. See [`FaultPair`] for which pairs are allowed.
+    /// every standard run. See [`FaultPair`](crate::fault::FaultPair) for which pairs are allowed.
     pub also: Option<Fault>,
     /// Number of clients (at most 8: a node keeps one bit per client).
     pub clients: u8,
@@ -261,14 +261,6 @@ impl ModelConfig {
         if properties == [PropertyId::Progress] {
             cfg.clients = PROGRESS_CLIENTS;
         }
-        cfg
-    }
-
-    /// The bounds of [`ModelConfig::new`] for `protocol` under both faults
-    /// of `pair` in one run.
-    pub fn for_pair(protocol: ProtocolId, pair: FaultPair) -> ModelConfig {
-        let mut cfg = ModelConfig::new(protocol, pair.first());
-        cfg.also = Some(pair.second());
         cfg
     }
 

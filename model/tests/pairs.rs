@@ -54,14 +54,14 @@ fn a_pair_loses_what_either_fault_loses_alone() {
 /// order of the pair's name).
 #[test]
 fn each_fault_of_a_pair_acts_once_in_the_same_run() {
-    use lockwright_model::{Action, LockModel, ModelConfig};
+    use lockwright_model::Action;
     for (a, b) in [
         (Fault::Crash, Fault::Restart),
         (Fault::Restart, Fault::Crash),
     ] {
         let pair = FaultPair::new(a, b).unwrap();
-        let cfg = ModelConfig::for_pair(ProtocolId::SetPxLua, pair);
-        let model = LockModel::new(cfg, PropertyId::ALL.to_vec()).unwrap();
+        let model =
+            pairs::pair_model(ProtocolId::SetPxLua, pair, PropertyId::ALL.to_vec()).unwrap();
         let enabled = |s: &lockwright_model::State| {
             let mut actions = Vec::new();
             model.enabled(s, &mut actions);
@@ -94,14 +94,11 @@ fn each_fault_of_a_pair_acts_once_in_the_same_run() {
 /// makes node 0 differ from the start).
 #[test]
 fn two_node_faults_may_strike_any_node() {
-    use lockwright_model::{Action, LockModel, ModelConfig};
+    use lockwright_model::Action;
     let struck = |a: Fault, b: Fault| -> Vec<Action> {
         let pair = FaultPair::new(a, b).unwrap();
-        let model = LockModel::new(
-            ModelConfig::for_pair(ProtocolId::Redlock, pair),
-            vec![PropertyId::MutualExclusion],
-        )
-        .unwrap();
+        let model = pairs::pair_model(ProtocolId::Redlock, pair, vec![PropertyId::MutualExclusion])
+            .unwrap();
         let mut actions = Vec::new();
         model.enabled(&model.initial(), &mut actions);
         actions
@@ -196,12 +193,6 @@ fn the_pairs_doc_matches_the_checker_for_set_px_lua() {
         .iter()
         .position(|h| *h == "`set-px-lua`")
         .expect("a set-px-lua column");
-    let code = |p: PropertyId| match p {
-        PropertyId::MutualExclusion => "ME",
-        PropertyId::FencedResource => "FR",
-        PropertyId::OwnerOnly => "OO",
-        PropertyId::Progress => "PR",
-    };
     let p = ProtocolId::SetPxLua;
     let mut rows = 0;
     for line in lines.skip(1).take_while(|l| l.starts_with("| `")) {
@@ -219,7 +210,7 @@ fn the_pairs_doc_matches_the_checker_for_set_px_lua() {
             .map(|c| {
                 format!(
                     "{}{}",
-                    code(c.property),
+                    lockwright_model::docs::short(c.property),
                     if c.only_with_both() { "*" } else { "" }
                 )
             })
