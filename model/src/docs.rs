@@ -40,8 +40,6 @@ use lockwright_core::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 /// The guide "Driving the core from your own front end" (`docs/driving.md`).
 /// Its Rust code blocks run as doctests of this crate, so the loop it shows
@@ -138,48 +136,17 @@ pub struct Computed {
 /// cell single-threaded, so the result does not depend on scheduling),
 /// reading and storing cells in `cache` when given one.
 pub fn compute(threads: usize, cache: Option<&Cache>) -> Result<Computed, DocsError> {
-    let jobs: Vec<(ProtocolId, Fault)> = ProtocolId::all()
-        .flat_map(|p| Fault::ALL.into_iter().map(move |f| (p, f)))
-        .collect();
-    let next = AtomicUsize::new(0);
-    let results = Mutex::new(BTreeMap::new());
-    let failure: Mutex<Option<DocsError>> = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..threads.max(1) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(p, f)) = jobs.get(i) else { return };
-                match compute_cell(p, f, cache) {
-                    Ok(r) => {
-                        if let Ok(mut m) = results.lock() {
-                            m.insert((p, f), r);
-                        }
-                    }
-                    Err(e) => {
-                        if let Ok(mut slot) = failure.lock() {
-                            slot.get_or_insert(e);
-                        }
-                        next.store(jobs.len(), Ordering::Relaxed);
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().ok().flatten() {
-        return Err(e);
-    }
-    let results = results
-        .into_inner()
-        .map_err(|_| DocsError::Inconsistent("a worker panicked".into()))?;
-    if results.len() != jobs.len() {
-        return Err(DocsError::Inconsistent(format!(
-            "{} of {} cells computed",
-            results.len(),
-            jobs.len()
-        )));
-    }
-    Ok(Computed { results })
+    let protocols: Vec<ProtocolId> = ProtocolId::all().collect();
+    let jobs = matrix::largest_first(&protocols, &Fault::ALL);
+    let results = matrix::par_map(
+        &jobs,
+        threads,
+        |&(p, f)| compute_cell(p, f, cache),
+        |_, _, _| {},
+    )?;
+    Ok(Computed {
+        results: jobs.into_iter().zip(results).collect(),
+    })
 }
 
 /// Check one (protocol, fault) run and find the shortest counterexample of

@@ -507,16 +507,19 @@ fn check(
     };
     let total = protocols.len() * faults.len();
     let started = Instant::now();
-    let mut cells: Vec<Cell> = Vec::new();
-    let mut states = 0usize;
-    let mut generated = 0usize;
-    for (i, &p) in protocols.iter().enumerate() {
-        for (j, &f) in faults.iter().enumerate() {
-            // A cached cell is the standard run: one thread, the model's
-            // invariants on, shortest counterexamples.
-            let run = match (bounds.is_standard(), &cache) {
+    // With a cache every cell is the standard run, checked single-threaded
+    // (the state counts it stores must not depend on scheduling): the
+    // cells then run side by side, one per thread. Without one, each cell
+    // runs on all the checker threads in turn.
+    let (workers, checker_threads) = match cache {
+        Some(_) => (threads.max(1), 1),
+        None => (1, threads.max(1)),
+    };
+    let run_cell =
+        |&(p, f): &(ProtocolId, Fault)| -> std::result::Result<matrix::Run, matrix::CheckError> {
+            Ok(match (bounds.is_standard(), &cache) {
                 (true, Some(cache)) => matrix::standard_run(p, f, Some(cache))?,
-                (true, None) => matrix::check(p, f, threads.max(1), shortest)?,
+                (true, None) => matrix::check(p, f, checker_threads, shortest)?,
                 (false, cache) => {
                     let mut cfg = ModelConfig::new(p, f);
                     if let Some(n) = bounds.clients {
@@ -537,34 +540,42 @@ fn check(
                             model.sanity = true;
                             cache.run(model)?
                         }
-                        None => matrix::check_model(model, threads.max(1), shortest)?,
+                        None => matrix::check_model(model, checker_threads, shortest)?,
                     }
                 }
-            };
-            states += run.states;
-            generated += run.generated;
-            let violated: Vec<&str> = run
-                .cells
-                .iter()
-                .filter(|c| c.verdict == Verdict::Violated)
-                .map(|c| c.property.as_str())
-                .collect();
-            eprintln!(
-                "[{:>3}/{total}] {:<22} {:<17} {:>9} states {:>7.2} s{}  violated: {}",
-                i * faults.len() + j + 1,
-                p.as_str(),
-                f.as_str(),
-                run.states,
-                run.seconds,
-                if run.cached { " (cached)" } else { "" },
-                if violated.is_empty() {
-                    "-".to_owned()
-                } else {
-                    violated.join(", ")
-                }
-            );
-            cells.extend(run.cells);
-        }
+            })
+        };
+    let progress = |done: usize, &(p, f): &(ProtocolId, Fault), run: &matrix::Run| {
+        let violated: Vec<&str> = run
+            .cells
+            .iter()
+            .filter(|c| c.verdict == Verdict::Violated)
+            .map(|c| c.property.as_str())
+            .collect();
+        eprintln!(
+            "[{done:>3}/{total}] {:<22} {:<17} {:>9} states {:>7.2} s{}  violated: {}  ({:.0} s elapsed)",
+            p.as_str(),
+            f.as_str(),
+            run.states,
+            run.seconds,
+            if run.cached { " (cached)" } else { "" },
+            if violated.is_empty() {
+                "-".to_owned()
+            } else {
+                violated.join(", ")
+            },
+            started.elapsed().as_secs_f64(),
+        );
+    };
+    let jobs = matrix::largest_first(&protocols, &faults);
+    let runs = matrix::par_map(&jobs, workers, run_cell, progress)?;
+    let mut states = 0usize;
+    let mut generated = 0usize;
+    let mut cells: Vec<Cell> = Vec::new();
+    for run in runs {
+        states += run.states;
+        generated += run.generated;
+        cells.extend(run.cells);
     }
     let seconds = started.elapsed().as_secs_f64();
     report_cache(cache.as_ref());

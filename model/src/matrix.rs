@@ -228,6 +228,71 @@ pub fn check_config(cfg: ModelConfig, threads: usize, shortest: bool) -> Result<
     check_model(model, threads, shortest)
 }
 
+/// Run `work` on every job on `threads` worker threads, one job per thread
+/// at a time (a cell checked single-threaded does not depend on
+/// scheduling), taking jobs in the order given: put the largest first, so
+/// that none starts last while the other workers idle. `done` sees each
+/// result as it comes, with the number finished so far (for progress).
+/// The first error stops the workers from taking further jobs and is
+/// returned; otherwise the results come back in the order of `jobs`.
+pub fn par_map<J: Sync, R: Send, E: Send>(
+    jobs: &[J],
+    threads: usize,
+    work: impl Fn(&J) -> Result<R, E> + Sync,
+    done: impl Fn(usize, &J, &R) + Sync,
+) -> Result<Vec<R>, E> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<R>>> = Mutex::new(jobs.iter().map(|_| None).collect());
+    let failure: Mutex<Option<E>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { return };
+                match work(job) {
+                    Ok(r) => {
+                        done(finished.fetch_add(1, Ordering::Relaxed) + 1, job, &r);
+                        if let Ok(mut all) = results.lock() {
+                            all[i] = Some(r);
+                        }
+                    }
+                    Err(e) => {
+                        if let Ok(mut slot) = failure.lock() {
+                            slot.get_or_insert(e);
+                        }
+                        next.store(jobs.len(), Ordering::Relaxed);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    // Every job ran and succeeded (a worker's panic ends the scope with it).
+    Ok(results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// The cells of `protocols` × `faults` in the order [`par_map`] should take
+/// them: multi-node runs (RedLock) first, as they are the largest.
+pub fn largest_first(protocols: &[ProtocolId], faults: &[Fault]) -> Vec<(ProtocolId, Fault)> {
+    let mut jobs: Vec<(ProtocolId, Fault)> = protocols
+        .iter()
+        .flat_map(|&p| faults.iter().map(move |&f| (p, f)))
+        .collect();
+    jobs.sort_by_key(|&(p, f)| std::cmp::Reverse(ModelConfig::new(p, f).nodes));
+    jobs
+}
+
 /// The standard run of one cell, the one the matrix test, the docs, the
 /// replay and (with a cache) the CLI share: the standard bounds, every
 /// property, the model's own invariants on ([`LockModel::sanity`]), one
@@ -576,4 +641,65 @@ pub fn expected(
             && r.faults.as_ref().is_none_or(|v| v.contains(&fault))
             && r.properties.as_ref().is_none_or(|v| v.contains(&property))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn par_map_keeps_the_job_order_and_reports_each_job() {
+        let jobs: Vec<u64> = (0..40).collect();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let out = par_map(
+            &jobs,
+            3,
+            |&j| {
+                // Later jobs finish sooner, so completion order differs.
+                std::thread::sleep(std::time::Duration::from_millis(40 - j));
+                Ok::<u64, ()>(j * j)
+            },
+            |n, &j, &r| seen.lock().unwrap().push((n, j, r)),
+        )
+        .unwrap();
+        assert_eq!(out, jobs.iter().map(|j| j * j).collect::<Vec<_>>());
+        let mut seen = seen.into_inner().unwrap();
+        let counts: Vec<usize> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(counts, (1..=40).collect::<Vec<_>>());
+        seen.sort_by_key(|s| s.1);
+        assert!(seen.iter().all(|&(_, j, r)| r == j * j));
+    }
+
+    #[test]
+    fn par_map_stops_at_the_first_error() {
+        let jobs: Vec<u32> = (0..1000).collect();
+        let ran = std::sync::atomic::AtomicUsize::new(0);
+        let out = par_map(
+            &jobs,
+            2,
+            |&j| {
+                ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if j == 5 {
+                    Err(format!("job {j} failed"))
+                } else {
+                    Ok(j)
+                }
+            },
+            |_, _, _| {},
+        );
+        assert_eq!(out, Err("job 5 failed".to_owned()));
+        assert!(ran.into_inner() < 100, "workers kept taking jobs");
+    }
+
+    #[test]
+    fn largest_first_puts_redlock_first() {
+        let protocols: Vec<ProtocolId> = ProtocolId::all().collect();
+        let jobs = largest_first(&protocols, &Fault::COLUMNS);
+        assert_eq!(jobs.len(), protocols.len() * Fault::COLUMNS.len());
+        let redlock = jobs
+            .iter()
+            .take_while(|j| j.0 == ProtocolId::Redlock)
+            .count();
+        assert_eq!(redlock, Fault::COLUMNS.len());
+    }
 }

@@ -68,6 +68,7 @@ use lockwright_core::{
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 /// Every node's clock reading at true time 0. Not 0: the replay runs real
 /// servers on the model's node clocks, and a Redis that loads its data (an
@@ -604,17 +605,85 @@ pub struct Resource {
     pub stale_accepted: bool,
 }
 
+/// A vector whose elements the states that leave them unchanged share.
+///
+/// Cloning a [`State`] copies one pointer per client, node and link instead
+/// of their machines, keyspaces and queues; the first write to an element
+/// through `IndexMut` (or [`Parts::iter_mut`]) copies that element alone
+/// ([`Arc::make_mut`]). A step changes one or two clients, nodes and links,
+/// so most of a successor is its parent's. It hashes, compares and prints
+/// as the `Vec<T>` it stands for, so fingerprints, state counts and traces
+/// are those of a plain vector.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Parts<T>(Vec<Arc<T>>);
+
+impl<T: Clone> Parts<T> {
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// No elements.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The elements, read only (nothing is copied).
+    pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        self.0.iter().map(|e| &**e)
+    }
+
+    /// Every element, each copied first if another state shares it: use
+    /// indexing to change one.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
+        self.0.iter_mut().map(Arc::make_mut)
+    }
+}
+
+impl<T> FromIterator<T> for Parts<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        Parts(iter.into_iter().map(Arc::new).collect())
+    }
+}
+
+impl<T> std::ops::Index<usize> for Parts<T> {
+    type Output = T;
+    fn index(&self, i: usize) -> &T {
+        &self.0[i]
+    }
+}
+
+impl<T: Clone> std::ops::IndexMut<usize> for Parts<T> {
+    fn index_mut(&mut self, i: usize) -> &mut T {
+        Arc::make_mut(&mut self.0[i])
+    }
+}
+
+impl<'a, T: Clone> IntoIterator for &'a Parts<T> {
+    type Item = &'a T;
+    type IntoIter = std::iter::Map<std::slice::Iter<'a, Arc<T>>, fn(&'a Arc<T>) -> &'a T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|e| &**e)
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Parts<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|e| &**e)).finish()
+    }
+}
+
 /// The whole model state.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
     /// Ghost true time.
     pub time: u64,
     /// The clients.
-    pub clients: Vec<ClientState>,
+    pub clients: Parts<ClientState>,
     /// The nodes.
-    pub nodes: Vec<NodeState>,
+    pub nodes: Parts<NodeState>,
     /// Links, index `client * nodes + node`.
-    pub links: Vec<Link>,
+    pub links: Parts<Link>,
     /// The protected resource.
     pub resource: Resource,
     /// Fault actions left: bit 0 while the run's fault may still act, bit
@@ -870,8 +939,10 @@ impl LockModel {
         let mut state = State {
             time: 0,
             clients,
-            nodes,
-            links: vec![Link::default(); usize::from(cfg.clients) * usize::from(cfg.nodes)],
+            nodes: nodes.into_iter().collect(),
+            links: (0..usize::from(cfg.clients) * usize::from(cfg.nodes))
+                .map(|_| Link::default())
+                .collect(),
             resource: Resource::default(),
             budget: cfg
                 .faults()
@@ -1422,8 +1493,14 @@ impl LockModel {
             }
         }
         let quorum = self.cfg.nodes / 2 + 1;
-        for (c, client) in state.clients.iter_mut().enumerate() {
-            let holding = held_on[c] >= quorum;
+        for (c, &held) in held_on.iter().enumerate().take(state.clients.len()) {
+            let holding = held >= quorum;
+            let seen = &state.clients[c];
+            if seen.at_server == holding && !seen.gave_back {
+                // Nothing changes: leave the client shared with the parent.
+                continue;
+            }
+            let client = &mut state.clients[c];
             if holding && !client.at_server {
                 state.grants += 1;
                 client.grant = state.grants;
@@ -2022,5 +2099,38 @@ pub fn reply_text(r: &Reply) -> String {
             items.iter().map(reply_text).collect::<Vec<_>>().join(", ")
         ),
         Reply::Error(e) => format!("(error) {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::{BuildHasher, BuildHasherDefault};
+
+    #[test]
+    fn parts_hash_and_print_as_the_vector_they_stand_for() {
+        let v: Vec<String> = vec!["a".into(), "bc".into()];
+        let parts: Parts<String> = v.iter().cloned().collect();
+        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+        assert_eq!(h.hash_one(&parts), h.hash_one(&v));
+        assert_eq!(format!("{parts:?}"), format!("{v:?}"));
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            parts.iter().collect::<Vec<_>>(),
+            v.iter().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_write_copies_only_the_element_written() {
+        let parts: Parts<String> = ["a", "b", "c"].into_iter().map(String::from).collect();
+        let mut next = parts.clone();
+        next[1].push('!');
+        assert_eq!(parts[1], "b", "the parent is unchanged");
+        assert_eq!(next[1], "b!");
+        assert!(Arc::ptr_eq(&parts.0[0], &next.0[0]));
+        assert!(Arc::ptr_eq(&parts.0[2], &next.0[2]));
+        assert!(!Arc::ptr_eq(&parts.0[1], &next.0[1]));
+        assert_ne!(parts, next);
     }
 }
