@@ -44,6 +44,7 @@
 //! deletes only keys that are already expired, as the model's own purge
 //! after each delivery does.
 
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fmt::Write as _;
@@ -291,6 +292,9 @@ pub fn random_path(model: &LockModel, seed: u64, max_steps: usize) -> Trace {
 pub const PATHS_PER_RUN: u64 = 2;
 /// Steps per random path at most.
 pub const PATH_STEPS: usize = 80;
+/// Benches (sets of containers) a whole suite run replays on side by side
+/// ([`Suite::run`]).
+pub const SUITE_BENCHES: usize = 2;
 
 /// One violated cell's replay in a suite run.
 #[derive(Clone, Debug)]
@@ -333,49 +337,83 @@ pub struct Suite {
     pub paths: Vec<PathReplay>,
 }
 
-impl Suite {
-    /// Replays the shortest counterexample of every violated cell of
-    /// `plan` and [`PATHS_PER_RUN`] random paths of every run with a
-    /// property that holds, on `bench`, calling `progress` with one line per
-    /// replay.
-    pub async fn run(
-        bench: &mut Bench,
-        plan: &Plan,
-        mut progress: impl FnMut(&str),
-    ) -> Result<Suite, ChaosError> {
-        let mut suite = Suite::default();
-        let total = plan.violated.len();
-        for (i, case) in plan.violated.iter().enumerate() {
-            let started = std::time::Instant::now();
-            let replay = bench
-                .replay(&case.model, &case.trace, ReplayOptions::default())
-                .await
-                .map_err(|e| {
-                    ChaosError::Harness(format!(
-                        "{} × {} × {}: {e}",
-                        case.protocol, case.fault, case.property
-                    ))
-                })?;
-            let cell = CellReplay {
-                protocol: case.protocol,
-                fault: case.fault,
-                property: case.property,
-                replay,
-                seconds: started.elapsed().as_secs_f64(),
+/// One replay of a suite run, in the order the suite reports them.
+enum Job<'a> {
+    Cell(&'a Case),
+    Path(&'a LockModel, &'a [PropertyId], u64),
+}
+
+/// What one job gave.
+enum Done {
+    Cell(CellReplay),
+    Path(PathReplay),
+}
+
+/// What the benches of one [`Suite::run`] share: the jobs, the next one
+/// to take, the results by job, the progress callback.
+struct Shared<'a, P> {
+    jobs: Vec<Job<'a>>,
+    cells: usize,
+    next: Cell<usize>,
+    cells_done: Cell<usize>,
+    paths_done: Cell<usize>,
+    failed: Cell<bool>,
+    results: RefCell<Vec<Option<Done>>>,
+    progress: RefCell<P>,
+}
+
+impl<P: FnMut(&str)> Shared<'_, P> {
+    /// One bench's loop: take the next job until none is left or another
+    /// bench failed.
+    async fn work(&self, bench: &mut Bench) -> Result<(), ChaosError> {
+        loop {
+            let i = self.next.get();
+            let Some(job) = self.jobs.get(i) else {
+                return Ok(());
             };
-            progress(&format!(
-                "[{}/{total}] {} × {} × {}: {}",
-                i + 1,
-                cell.protocol,
-                cell.fault,
-                cell.property,
-                cell.replay.line(cell.seconds)
-            ));
-            suite.cells.push(cell);
+            if self.failed.get() {
+                return Ok(());
+            }
+            self.next.set(i + 1);
+            let done = self.replay(bench, job).await;
+            let done = done.inspect_err(|_| self.failed.set(true))?;
+            self.results.borrow_mut()[i] = Some(done);
         }
-        for (model, holds) in &plan.holds {
-            for seed in 0..PATHS_PER_RUN {
-                let started = std::time::Instant::now();
+    }
+
+    async fn replay(&self, bench: &mut Bench, job: &Job<'_>) -> Result<Done, ChaosError> {
+        let started = std::time::Instant::now();
+        Ok(match *job {
+            Job::Cell(case) => {
+                let replay = bench
+                    .replay(&case.model, &case.trace, ReplayOptions::default())
+                    .await
+                    .map_err(|e| {
+                        ChaosError::Harness(format!(
+                            "{} × {} × {}: {e}",
+                            case.protocol, case.fault, case.property
+                        ))
+                    })?;
+                let cell = CellReplay {
+                    protocol: case.protocol,
+                    fault: case.fault,
+                    property: case.property,
+                    replay,
+                    seconds: started.elapsed().as_secs_f64(),
+                };
+                self.cells_done.set(self.cells_done.get() + 1);
+                (self.progress.borrow_mut())(&format!(
+                    "[{}/{}] {} × {} × {}: {}",
+                    self.cells_done.get(),
+                    self.cells,
+                    cell.protocol,
+                    cell.fault,
+                    cell.property,
+                    cell.replay.line(cell.seconds)
+                ));
+                Done::Cell(cell)
+            }
+            Job::Path(model, holds, seed) => {
                 let trace = random_path(model, seed, PATH_STEPS);
                 let replay = bench
                     .replay(model, &trace, ReplayOptions::default())
@@ -389,21 +427,74 @@ impl Suite {
                 let path = PathReplay {
                     protocol: model.cfg.protocol,
                     fault: model.cfg.fault,
-                    holds: holds.clone(),
+                    holds: holds.to_vec(),
                     seed,
                     replay,
                     seconds: started.elapsed().as_secs_f64(),
                 };
-                progress(&format!(
+                self.paths_done.set(self.paths_done.get() + 1);
+                (self.progress.borrow_mut())(&format!(
                     "[path {}] {} × {} seed {seed}: {}",
-                    suite.paths.len() + 1,
+                    self.paths_done.get(),
                     path.protocol,
                     path.fault,
                     path.replay
                         .line(path.seconds)
                         .replacen("reproduced", "agreed", 1)
                 ));
-                suite.paths.push(path);
+                Done::Path(path)
+            }
+        })
+    }
+}
+
+impl Suite {
+    /// Replays the shortest counterexample of every violated cell of
+    /// `plan` and [`PATHS_PER_RUN`] random paths of every run with a
+    /// property that holds, calling `progress` with one line per replay.
+    ///
+    /// Each bench of `benches` (its own containers) takes the next replay
+    /// when it finishes one, so with two benches two replays run side by
+    /// side: most of a replay's time is spent waiting on Docker and Redis,
+    /// and each replay has its containers to itself, as with one bench.
+    /// The suite lists the replays in plan order whatever the order they
+    /// finished in. The first harness error ends the run.
+    pub async fn run(
+        benches: &mut [Bench],
+        plan: &Plan,
+        progress: impl FnMut(&str),
+    ) -> Result<Suite, ChaosError> {
+        let mut jobs: Vec<Job<'_>> = plan.violated.iter().map(Job::Cell).collect();
+        for (model, holds) in &plan.holds {
+            jobs.extend((0..PATHS_PER_RUN).map(|seed| Job::Path(model, holds, seed)));
+        }
+        let shared = Shared {
+            jobs,
+            cells: plan.violated.len(),
+            next: Cell::new(0),
+            cells_done: Cell::new(0),
+            paths_done: Cell::new(0),
+            failed: Cell::new(false),
+            results: RefCell::new(Vec::new()),
+            progress: RefCell::new(progress),
+        };
+        shared
+            .results
+            .borrow_mut()
+            .extend(shared.jobs.iter().map(|_| None));
+        let workers = benches.iter_mut().map(|bench| shared.work(bench));
+        let outcomes = futures_util::future::join_all(workers).await;
+        outcomes.into_iter().collect::<Result<(), ChaosError>>()?;
+        let mut suite = Suite::default();
+        for done in shared.results.into_inner() {
+            match done {
+                Some(Done::Cell(c)) => suite.cells.push(c),
+                Some(Done::Path(p)) => suite.paths.push(p),
+                None => {
+                    return Err(ChaosError::Harness(
+                        "a replay of the suite did not run".into(),
+                    ))
+                }
             }
         }
         Ok(suite)

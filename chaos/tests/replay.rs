@@ -19,7 +19,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use common::docker_ready;
-use lockwright_chaos::replay::{cases, plan, Bench, Case, ReplayOptions, Suite, Verdict};
+use lockwright_chaos::replay::{
+    cases, plan, Bench, Case, ReplayOptions, Suite, Verdict, SUITE_BENCHES,
+};
 use lockwright_chaos::{Cluster, NodeOptions};
 use lockwright_core::ProtocolId;
 use lockwright_model::cache::Cache;
@@ -61,8 +63,8 @@ async fn every_counterexample_of_the_matrix_replays_on_real_redis() {
         started.elapsed().as_secs_f64()
     );
     assert!(!plan.violated.is_empty(), "the matrix has violated cells");
-    let mut bench = Bench::new();
-    let suite = Suite::run(&mut bench, &plan, |line| eprintln!("{line}"))
+    let mut benches: Vec<Bench> = (0..SUITE_BENCHES).map(|_| Bench::new()).collect();
+    let suite = Suite::run(&mut benches, &plan, |line| eprintln!("{line}"))
         .await
         .expect("the harness runs");
     std::fs::write(&table, suite.markdown()).expect("write the table");

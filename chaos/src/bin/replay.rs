@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use lockwright_chaos::replay::{
-    cases, plan, random_path, Bench, ReplayOptions, Suite, Verdict, PATH_STEPS,
+    cases, plan, random_path, Bench, ReplayOptions, Suite, Verdict, PATH_STEPS, SUITE_BENCHES,
 };
 use lockwright_chaos::{check_environment, Availability, ChaosError};
 use lockwright_core::ProtocolId;
@@ -241,7 +241,9 @@ async fn run(selection: Selection, cache: Option<&Cache>) -> Result<bool, ChaosE
                 plan.holds.len(),
                 started.elapsed().as_secs_f64()
             );
-            let suite = Suite::run(&mut bench, &plan, say).await?;
+            drop(bench);
+            let mut benches: Vec<Bench> = (0..SUITE_BENCHES).map(|_| Bench::new()).collect();
+            let suite = Suite::run(&mut benches, &plan, say).await?;
             out!(
                 "{} ({:.0} s)",
                 suite.summary(),
