@@ -357,7 +357,8 @@ struct Shared<'a, P> {
     next: Cell<usize>,
     cells_done: Cell<usize>,
     paths_done: Cell<usize>,
-    failed: Cell<bool>,
+    /// The first harness error, in time.
+    failed: RefCell<Option<ChaosError>>,
     results: RefCell<Vec<Option<Done>>>,
     progress: RefCell<P>,
 }
@@ -365,19 +366,23 @@ struct Shared<'a, P> {
 impl<P: FnMut(&str)> Shared<'_, P> {
     /// One bench's loop: take the next job until none is left or another
     /// bench failed.
-    async fn work(&self, bench: &mut Bench) -> Result<(), ChaosError> {
+    async fn work(&self, bench: &mut Bench) {
         loop {
             let i = self.next.get();
             let Some(job) = self.jobs.get(i) else {
-                return Ok(());
+                return;
             };
-            if self.failed.get() {
-                return Ok(());
+            if self.failed.borrow().is_some() {
+                return;
             }
             self.next.set(i + 1);
-            let done = self.replay(bench, job).await;
-            let done = done.inspect_err(|_| self.failed.set(true))?;
-            self.results.borrow_mut()[i] = Some(done);
+            match self.replay(bench, job).await {
+                Ok(done) => self.results.borrow_mut()[i] = Some(done),
+                Err(e) => {
+                    self.failed.borrow_mut().get_or_insert(e);
+                    return;
+                }
+            }
         }
     }
 
@@ -458,7 +463,9 @@ impl Suite {
     /// side: most of a replay's time is spent waiting on Docker and Redis,
     /// and each replay has its containers to itself, as with one bench.
     /// The suite lists the replays in plan order whatever the order they
-    /// finished in. The first harness error ends the run.
+    /// finished in. The first harness error (in time) stops the benches
+    /// from taking more replays and is returned once the replays under way
+    /// end; an empty `benches` is an error too.
     pub async fn run(
         benches: &mut [Bench],
         plan: &Plan,
@@ -474,7 +481,7 @@ impl Suite {
             next: Cell::new(0),
             cells_done: Cell::new(0),
             paths_done: Cell::new(0),
-            failed: Cell::new(false),
+            failed: RefCell::new(None),
             results: RefCell::new(Vec::new()),
             progress: RefCell::new(progress),
         };
@@ -482,9 +489,16 @@ impl Suite {
             .results
             .borrow_mut()
             .extend(shared.jobs.iter().map(|_| None));
+        if benches.is_empty() {
+            return Err(ChaosError::Harness(
+                "a suite run needs at least one bench".into(),
+            ));
+        }
         let workers = benches.iter_mut().map(|bench| shared.work(bench));
-        let outcomes = futures_util::future::join_all(workers).await;
-        outcomes.into_iter().collect::<Result<(), ChaosError>>()?;
+        futures_util::future::join_all(workers).await;
+        if let Some(e) = shared.failed.into_inner() {
+            return Err(e);
+        }
         let mut suite = Suite::default();
         for done in shared.results.into_inner() {
             match done {

@@ -136,8 +136,13 @@ pub struct Computed {
 /// cell single-threaded, so the result does not depend on scheduling),
 /// reading and storing cells in `cache` when given one.
 pub fn compute(threads: usize, cache: Option<&Cache>) -> Result<Computed, DocsError> {
-    let protocols: Vec<ProtocolId> = ProtocolId::all().collect();
-    let jobs = matrix::largest_first(&protocols, &Fault::ALL);
+    let cells: Vec<(ProtocolId, Fault)> = ProtocolId::all()
+        .flat_map(|p| Fault::ALL.into_iter().map(move |f| (p, f)))
+        .collect();
+    let jobs: Vec<(ProtocolId, Fault)> = matrix::largest_first(&cells)
+        .into_iter()
+        .map(|i| cells[i])
+        .collect();
     let results = matrix::par_map(
         &jobs,
         threads,

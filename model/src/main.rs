@@ -567,12 +567,28 @@ fn check(
             started.elapsed().as_secs_f64(),
         );
     };
-    let jobs = matrix::largest_first(&protocols, &faults);
-    let runs = matrix::par_map(&jobs, workers, run_cell, progress)?;
+    let asked: Vec<(ProtocolId, Fault)> = protocols
+        .iter()
+        .flat_map(|&p| faults.iter().map(move |&f| (p, f)))
+        .collect();
+    let jobs: Vec<(usize, (ProtocolId, Fault))> = matrix::largest_first(&asked)
+        .into_iter()
+        .map(|i| (i, asked[i]))
+        .collect();
+    let runs = matrix::par_map(
+        &jobs,
+        workers,
+        |(_, cell)| run_cell(cell),
+        |done, (_, cell), run| progress(done, cell, run),
+    )?;
+    // Back in the order asked for (protocols, then faults), whatever order
+    // they were checked in.
+    let mut runs: Vec<(usize, matrix::Run)> = jobs.iter().map(|j| j.0).zip(runs).collect();
+    runs.sort_by_key(|r| r.0);
     let mut states = 0usize;
     let mut generated = 0usize;
     let mut cells: Vec<Cell> = Vec::new();
-    for run in runs {
+    for (_, run) in runs {
         states += run.states;
         generated += run.generated;
         cells.extend(run.cells);

@@ -250,6 +250,9 @@ pub fn par_map<J: Sync, R: Send, E: Send>(
     std::thread::scope(|scope| {
         for _ in 0..threads.clamp(1, jobs.len().max(1)) {
             scope.spawn(|| loop {
+                // A panicking job stops the other workers from taking more
+                // (the scope then raises the panic).
+                let _stop = StopOnPanic(&next, jobs.len());
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { return };
                 match work(job) {
@@ -273,24 +276,38 @@ pub fn par_map<J: Sync, R: Send, E: Send>(
     if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
-    // Every job ran and succeeded (a worker's panic ends the scope with it).
+    // Every job ran and succeeded: an error returned above, and a worker's
+    // panic ends the scope with it.
     Ok(results
         .into_inner()
         .unwrap_or_else(|p| p.into_inner())
         .into_iter()
-        .flatten()
+        .map(|r| r.expect("every job ran"))
         .collect())
 }
 
-/// The cells of `protocols` × `faults` in the order [`par_map`] should take
-/// them: multi-node runs (RedLock) first, as they are the largest.
-pub fn largest_first(protocols: &[ProtocolId], faults: &[Fault]) -> Vec<(ProtocolId, Fault)> {
-    let mut jobs: Vec<(ProtocolId, Fault)> = protocols
-        .iter()
-        .flat_map(|&p| faults.iter().map(move |&f| (p, f)))
-        .collect();
-    jobs.sort_by_key(|&(p, f)| std::cmp::Reverse(ModelConfig::new(p, f).nodes));
-    jobs
+/// Stops [`par_map`]'s workers from taking further jobs when dropped
+/// during a panic.
+struct StopOnPanic<'a>(&'a std::sync::atomic::AtomicUsize, usize);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(self.1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// The order in which [`par_map`] should take `cells`, as indices into
+/// it: multi-node runs (RedLock) first, as they are the largest, the rest
+/// in the order given.
+pub fn largest_first(cells: &[(ProtocolId, Fault)]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..cells.len()).collect();
+    order.sort_by_key(|&i| {
+        let (p, f) = cells[i];
+        std::cmp::Reverse(ModelConfig::new(p, f).nodes)
+    });
+    order
 }
 
 /// The standard run of one cell, the one the matrix test, the docs, the
@@ -693,13 +710,47 @@ mod tests {
 
     #[test]
     fn largest_first_puts_redlock_first() {
-        let protocols: Vec<ProtocolId> = ProtocolId::all().collect();
-        let jobs = largest_first(&protocols, &Fault::COLUMNS);
-        assert_eq!(jobs.len(), protocols.len() * Fault::COLUMNS.len());
-        let redlock = jobs
+        let cells: Vec<(ProtocolId, Fault)> = ProtocolId::all()
+            .flat_map(|p| Fault::COLUMNS.into_iter().map(move |f| (p, f)))
+            .collect();
+        let order = largest_first(&cells);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (0..cells.len()).collect::<Vec<_>>(),
+            "a permutation"
+        );
+        let redlock = order
             .iter()
-            .take_while(|j| j.0 == ProtocolId::Redlock)
+            .take_while(|&&i| cells[i].0 == ProtocolId::Redlock)
             .count();
         assert_eq!(redlock, Fault::COLUMNS.len());
+        // The rest keep their order.
+        assert!(order[redlock..].windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_panicking_job_stops_the_other_workers() {
+        let jobs: Vec<u32> = (0..1000).collect();
+        let ran = std::sync::atomic::AtomicUsize::new(0);
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            par_map(
+                &jobs,
+                2,
+                |&j| {
+                    ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    assert!(j != 5, "job 5 panics");
+                    Ok::<u32, ()>(j)
+                },
+                |_, _, _| {},
+            )
+        }));
+        assert!(out.is_err(), "the panic reaches the caller");
+        let ran = ran.into_inner();
+        // The panic hook (a backtrace, perhaps) runs before the unwinding
+        // stops the workers; without the stop, all 1000 jobs run.
+        assert!(ran < 500, "workers kept taking jobs: {ran}");
     }
 }
