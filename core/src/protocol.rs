@@ -34,6 +34,7 @@
 use crate::keyspace::{Command, Reply};
 use crate::time::Millis;
 use std::fmt;
+use std::sync::Arc;
 
 /// A Redis node, by index into the driver's list of nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -69,8 +70,22 @@ pub enum Outcome {
 
 /// An owner token: identifies the holder in the values it writes.
 /// The adapter draws 128 bits from the OS CSPRNG; models use fixed tokens.
+/// Shared, not copied, by the leases, events and machine clones that carry
+/// it; it hashes and compares as its text.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Token(pub String);
+pub struct Token(pub Arc<str>);
+
+impl Token {
+    /// A token of `text`.
+    pub fn new(text: impl Into<Arc<str>>) -> Token {
+        Token(text.into())
+    }
+
+    /// Its text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -815,7 +815,7 @@ impl Sim {
         let mut tokens = Vec::with_capacity(client_count);
         let mut clients = Vec::with_capacity(client_count);
         for i in 0..client_count {
-            let token = Token(format!("c{i}"));
+            let token = Token::new(format!("c{i}"));
             let config = Config {
                 seed: seeds.next_u64(),
                 ..cfg.config.clone()
@@ -1256,7 +1256,7 @@ impl Sim {
             let Some((value, expires_at)) = read_key(keyspace, node_time, key) else {
                 continue;
             };
-            let owner = self.tokens.iter().position(|t| t.0 == value);
+            let owner = self.tokens.iter().position(|t| *t.0 == *value);
             if let Some(owner) = owner.filter(|&o| o != client) {
                 found.push((key.to_owned(), owner, value, expires_at));
             }

@@ -84,7 +84,9 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
         2
     };
     let mut machines: Vec<Machine> = (0..clients)
-        .map(|c| Machine::new(id, &config, Token(format!("client-{c}"))).expect("valid config"))
+        .map(|c| {
+            Machine::new(id, &config, Token::new(format!("client-{c}"))).expect("valid config")
+        })
         .collect();
     let mut nodes: Vec<Keyspace> = (0..config.nodes).map(|_| Keyspace::new()).collect();
     // Requests in flight, per client, in emission order.

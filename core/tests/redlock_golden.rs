@@ -238,7 +238,7 @@ impl World {
                     config.retry_base_ms = base.parse().map_err(|e| format!("retry: {e}"))?;
                     config.retry_max_ms = max.parse().map_err(|e| format!("retry: {e}"))?;
                 }
-                let token = Token(args.get("token").cloned().unwrap_or_else(|| "me".into()));
+                let token = Token::new(args.get("token").cloned().unwrap_or_else(|| "me".into()));
                 *self = World::default();
                 match Redlock::new(&config, token) {
                     Ok(lock) => {

@@ -41,7 +41,7 @@ impl World {
             .iter()
             .enumerate()
             .map(|(i, &skew)| Client {
-                machine: Machine::new(id, config, Token(format!("c{i}"))).unwrap(),
+                machine: Machine::new(id, config, Token::new(format!("c{i}"))).unwrap(),
                 skew,
                 pending: VecDeque::new(),
                 events: Vec::new(),
@@ -477,7 +477,7 @@ fn bad_configs_are_typed_errors_for_every_semaphore() {
             "{id}"
         );
         assert_eq!(
-            Machine::new(id, &ok, Token(String::new())).err(),
+            Machine::new(id, &ok, Token::new("")).err(),
             Some(ConfigError::EmptyToken),
             "{id}"
         );
@@ -847,7 +847,7 @@ impl Reader {
             ..Config::new("stampede")
         };
         Reader {
-            guard: StampedeGuard::new(&config, 60_000, Token(format!("r{i}"))).unwrap(),
+            guard: StampedeGuard::new(&config, 60_000, Token::new(format!("r{i}"))).unwrap(),
             pending: VecDeque::new(),
             events: Vec::new(),
         }
@@ -971,7 +971,7 @@ fn stampede_guard_rejects_bad_input() {
         Some(ConfigError::ZeroTtl)
     );
     assert_eq!(
-        StampedeGuard::new(&config, 10, Token(String::new())).err(),
+        StampedeGuard::new(&config, 10, Token::new("")).err(),
         Some(ConfigError::EmptyToken)
     );
     let mut g = StampedeGuard::new(&config, 10, Token("t".into())).unwrap();
@@ -1236,10 +1236,10 @@ fn a_late_undo_cannot_remove_the_permit_of_a_later_attempt() {
             },
         );
         if one_token {
-            assert_eq!(lease.token.0, "t");
+            assert_eq!(lease.token.as_str(), "t");
             assert_eq!(holders, Reply::Int(0), "the mutant's permit is gone");
         } else {
-            assert_eq!(lease.token.0, "t.1");
+            assert_eq!(lease.token.as_str(), "t.1");
             assert_eq!(
                 holders,
                 Reply::Int(1),

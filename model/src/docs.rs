@@ -778,7 +778,7 @@ pub fn record_commands(id: ProtocolId) -> Result<Transcript, DocsError> {
     }
     let mut machines = Vec::new();
     for c in 0..2u8 {
-        let m = Machine::new(id, &config_of(c), Token(format!("c{c}"))).map_err(|source| {
+        let m = Machine::new(id, &config_of(c), Token::new(format!("c{c}"))).map_err(|source| {
             DocsError::Config {
                 protocol: id,
                 source,

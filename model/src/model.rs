@@ -311,7 +311,10 @@ impl ModelConfig {
     /// Client `client`'s machine: the protocol's own, or its
     /// [`ModelConfig::mutation`].
     pub fn machine(&self, client: u8) -> Result<Machine, ConfigError> {
-        let (config, token) = (self.core_config(client), Token(LockModel::token(client)));
+        let (config, token) = (
+            self.core_config(client),
+            Token::new(LockModel::token(client)),
+        );
         match self.mutation {
             None => Machine::new(self.protocol, &config, token),
             Some(Mutation::LeaseSemaphoreUndoesUnanswered) => {

@@ -126,7 +126,7 @@ impl TokenRelease {
     fn command(&self, token: &lockwright_core::Token) -> lockwright_core::keyspace::Command {
         let mut args = Vec::with_capacity(self.args_before.len() + 2);
         args.extend(self.args_before.iter().cloned());
-        args.push(token.0.clone());
+        args.push(token.0.to_string());
         lockwright_core::keyspace::Command::Eval {
             script: self.script,
             keys: self.keys.clone(),

@@ -16,7 +16,7 @@ fn token_of(bytes: &[u8; 16]) -> Token {
         hex.push(char::from(HEX[usize::from(b >> 4)]));
         hex.push(char::from(HEX[usize::from(b & 0xf)]));
     }
-    Token(hex)
+    Token(hex.into())
 }
 
 /// An owner token and a jitter seed from one read of the OS CSPRNG.

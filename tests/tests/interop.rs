@@ -52,7 +52,11 @@ async fn our_lock_excludes_a_foreign_client() {
     .await;
     assert_eq!(deleted, 0);
     let value: String = raw(&mut foreign, redis::cmd("GET").arg("{shared}")).await;
-    assert_eq!(&value, &guard.token().0, "the key holds our token");
+    assert_eq!(
+        value.as_str(),
+        guard.token().as_str(),
+        "the key holds our token"
+    );
     assert_eq!(guard.release().await, Ok(true));
     let taken: Option<String> = raw(
         &mut foreign,

@@ -26,7 +26,7 @@ async fn a_nested_acquire_is_counted_and_released_at_zero() {
     };
     let lock = Lock::new([redis.client()], "nested", options(ProtocolId::Reentrant)).unwrap();
     let mut guard = lock.acquire().await.unwrap();
-    let token = guard.token().0.clone();
+    let token = guard.token().0.to_string();
     assert_eq!(guard.hold_count(), 1);
     assert_eq!(guard.reenter().await, Ok(2));
     assert_eq!(guard.reenter().await, Ok(3));

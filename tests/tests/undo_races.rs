@@ -224,7 +224,7 @@ async fn held_back_undo(protocol: ProtocolId, one_token: bool) -> Option<AfterTh
         attempts >= 3 && undos >= 1,
         "{protocol}: the fault did not happen as planned ({attempts} attempts, {undos} undos)"
     );
-    let token = guard.token().0.clone();
+    let token = guard.token().0.to_string();
     let key = lock.key();
     let holds = |conn: &mut redis::aio::MultiplexedConnection| {
         let key = key.clone();
@@ -391,7 +391,7 @@ async fn redlock_held_back_undo(one_token: bool) -> Option<bool> {
         rounds[0] >= 3 && undos >= 2,
         "redlock: the fault did not happen as planned ({rounds:?} SETs per master, {undos} undos on master 0)"
     );
-    let token = guard.token().0.clone();
+    let token = guard.token().0.to_string();
     let on_master_0 = || async {
         let mut conn = servers[0].conn().await;
         let value: Option<String> =

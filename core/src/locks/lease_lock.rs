@@ -132,12 +132,12 @@ impl SetPxRecipe {
             (Guard::Script, true) => Command::Eval {
                 script: Script::CompareAndDelete,
                 keys: vec![key],
-                args: release_args(vec![self.token.0.clone()], self.notify_releases),
+                args: release_args(vec![self.token.0.to_string()], self.notify_releases),
             },
             (Guard::Script, false) => Command::Eval {
                 script: Script::CompareAndPExpire,
                 keys: vec![key],
-                args: vec![self.token.0.clone(), self.ttl_ms.to_string()],
+                args: vec![self.token.0.to_string(), self.ttl_ms.to_string()],
             },
             // Second step, or inside the watched transaction.
             (_, true) => Command::Del { keys: vec![key] },
@@ -152,7 +152,7 @@ impl SetPxRecipe {
         match self.grant.fence_script() {
             None => Command::Set {
                 key: self.key.clone(),
-                value: self.token.0.clone(),
+                value: self.token.0.to_string(),
                 condition: SetCondition::Nx,
                 expiry: SetExpiry::Px(self.ttl_ms),
                 get: false,
@@ -160,7 +160,7 @@ impl SetPxRecipe {
             Some(script) => Command::Eval {
                 script,
                 keys: vec![self.key.clone(), self.fence_key.clone()],
-                args: vec![self.token.0.clone(), self.ttl_ms.to_string()],
+                args: vec![self.token.0.to_string(), self.ttl_ms.to_string()],
             },
         }
     }
@@ -219,7 +219,7 @@ impl Recipe for SetPxRecipe {
                     self.not_acknowledged(acknowledged)
                 }
             }
-            (Step::Get, Reply::Bulk(v)) if v == self.token.0 => {
+            (Step::Get, Reply::Bulk(v)) if *v == *self.token.0 => {
                 Next::Send(self.act_command(op), Step::Act)
             }
             (Step::Get, Reply::Bulk(_) | Reply::Nil) => Next::Done { ours: false },

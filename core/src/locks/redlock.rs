@@ -382,7 +382,7 @@ impl Redlock {
         match op {
             Op::Acquire => Command::Set {
                 key: self.key.clone(),
-                value: self.token.0.clone(),
+                value: self.token.0.to_string(),
                 condition: SetCondition::Nx,
                 expiry: SetExpiry::Px(self.ttl_ms),
                 get: false,
@@ -390,12 +390,12 @@ impl Redlock {
             Op::Extend => Command::Eval {
                 script: Script::CompareAndPExpire,
                 keys: vec![self.key.clone()],
-                args: vec![self.token.0.clone(), self.ttl_ms.to_string()],
+                args: vec![self.token.0.to_string(), self.ttl_ms.to_string()],
             },
             Op::Release => Command::Eval {
                 script: Script::CompareAndDelete,
                 keys: vec![self.key.clone()],
-                args: release_args(vec![self.token.0.clone()], self.notify_releases),
+                args: release_args(vec![self.token.0.to_string()], self.notify_releases),
             },
         }
     }
@@ -523,7 +523,7 @@ impl Redlock {
             return;
         }
         self.renamed = self.renamed.saturating_add(1);
-        self.token = Token(format!("{}.{}", self.given.0, self.renamed));
+        self.token = Token::new(format!("{}.{}", self.given.0, self.renamed));
     }
 
     fn go_idle(&mut self) {
@@ -736,7 +736,7 @@ mod tests {
         );
         c.nodes = 3;
         assert_eq!(
-            Redlock::new(&c, Token(String::new())),
+            Redlock::new(&c, Token::new("")),
             Err(ConfigError::EmptyToken)
         );
         c.ttl_ms = 1; // default drift 2 ms ≥ 1 ms
@@ -994,7 +994,7 @@ mod tests {
         for r in round {
             l.handle_reply(retry_at + 1, r.id, Outcome::Reply(Reply::ok()));
         }
-        let lease = l.lease().expect("granted").token.0.clone();
+        let lease = l.lease().expect("granted").token.0.to_string();
         (sent, lease)
     }
 
@@ -1022,7 +1022,7 @@ mod tests {
         for r in drain(&mut l).0 {
             l.handle_reply(Millis(1), r.id, Outcome::Reply(Reply::ok()));
         }
-        assert_eq!(l.lease().unwrap().token.0, "me");
+        assert_eq!(l.lease().unwrap().token.as_str(), "me");
         l.release(Millis(2)).unwrap();
         let release = drain(&mut l).0;
         for r in &release {
@@ -1033,7 +1033,7 @@ mod tests {
             };
             l.handle_reply(Millis(3), r.id, outcome);
         }
-        assert_eq!(l.token().0, "me.1");
+        assert_eq!(l.token().as_str(), "me.1");
         l.acquire(Millis(4), Acquire::Once).unwrap();
         assert!(drain(&mut l).0.iter().all(|r| token_of(r) == "me.1"));
     }

@@ -190,7 +190,7 @@ impl Reentrant {
     }
 
     fn send(&mut self, now: Millis, reply_timer: Timer, script: Script) -> RequestId {
-        let args = vec![self.ttl_ms.to_string(), self.token.0.clone()];
+        let args = vec![self.ttl_ms.to_string(), self.token.0.to_string()];
         let args = match script {
             Script::ReentrantUnlock => release_args(args, self.notify_releases),
             _ => args,
@@ -950,7 +950,7 @@ mod tests {
     #[test]
     fn bad_config_and_empty_token_are_typed_errors() {
         assert_eq!(
-            Reentrant::new(&config(true), Token(String::new())),
+            Reentrant::new(&config(true), Token::new("")),
             Err(ConfigError::EmptyToken)
         );
         assert!(matches!(

@@ -86,7 +86,7 @@ pub(crate) fn setnx_start<S>(
         Op::Acquire => (
             Command::SetNx {
                 key: key.to_owned(),
-                value: token.0.clone(),
+                value: token.0.to_string(),
             },
             setnx,
         ),
@@ -397,7 +397,7 @@ mod tests {
     #[test]
     fn bad_config_and_empty_token_are_typed_errors() {
         assert_eq!(
-            SetnxDel::new(&config(), Token(String::new())),
+            SetnxDel::new(&config(), Token::new("")),
             Err(ConfigError::EmptyToken)
         );
         assert_eq!(

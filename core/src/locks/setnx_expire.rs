@@ -519,7 +519,7 @@ mod tests {
     #[test]
     fn bad_config_and_empty_token_are_typed_errors() {
         assert_eq!(
-            SetnxExpire::new(&config(), Token(String::new())),
+            SetnxExpire::new(&config(), Token::new("")),
             Err(ConfigError::EmptyToken)
         );
         assert_eq!(

@@ -575,7 +575,7 @@ mod tests {
     #[test]
     fn bad_config_and_empty_token_are_typed_errors() {
         assert_eq!(
-            SetnxGetset::new(&config(), Token(String::new())),
+            SetnxGetset::new(&config(), Token::new("")),
             Err(ConfigError::EmptyToken)
         );
         assert!(matches!(

@@ -88,7 +88,7 @@ impl FairRecipe {
             sem: config.key(),
             owner: config.key_with("owner"),
             counter: config.key_with("counter"),
-            token: token.0.clone(),
+            token: token.0.to_string(),
             ttl_ms: i64::try_from(config.ttl_ms).unwrap_or(i64::MAX),
             limit: i64::from(config.limit),
         }
@@ -113,7 +113,7 @@ impl Recipe for FairRecipe {
     type Step = Step;
 
     fn retoken(&mut self, token: &Token) {
-        self.token = token.0.clone();
+        self.token = token.0.to_string();
     }
 
     fn start(&self, op: Op, now: Millis) -> (Command, Step) {

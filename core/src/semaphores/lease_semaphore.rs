@@ -115,7 +115,7 @@ impl Recipe for LeaseRecipe {
     type Step = Step;
 
     fn retoken(&mut self, token: &Token) {
-        self.token = token.0.clone();
+        self.token = token.0.to_string();
     }
 
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
@@ -233,7 +233,7 @@ pub(crate) fn lease_engine(
         permits: permits_key(config),
         fence: config.key_with("fence"),
         limit_key: limit_key(config),
-        token: token.0.clone(),
+        token: token.0.to_string(),
         ttl_ms: config.ttl_ms.to_string(),
         limit: config.limit.to_string(),
         notify_releases: config.notify_releases,

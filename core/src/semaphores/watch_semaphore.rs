@@ -173,7 +173,7 @@ impl Recipe for WatchRecipe {
     type Step = Step;
 
     fn retoken(&mut self, token: &Token) {
-        self.token = token.0.clone();
+        self.token = token.0.to_string();
     }
 
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
@@ -280,7 +280,7 @@ impl WatchSemaphore {
         let recipe = WatchRecipe {
             holders: holders_key(config),
             max: max_size_key(config),
-            token: token.0.clone(),
+            token: token.0.to_string(),
         };
         engine.ttl_ms = None;
         Ok(WatchSemaphore(Engine::new(recipe, engine)))

@@ -81,7 +81,7 @@ impl Recipe for ZsetRecipe {
     type Step = Step;
 
     fn retoken(&mut self, token: &Token) {
-        self.token = token.0.clone();
+        self.token = token.0.to_string();
     }
 
     fn start(&self, op: Op, now: Millis) -> (Command, Step) {
@@ -169,7 +169,7 @@ impl ZsetSemaphore {
         )?;
         let recipe = ZsetRecipe {
             sem: config.key(),
-            token: token.0.clone(),
+            token: token.0.to_string(),
             ttl_ms: i64::try_from(config.ttl_ms).unwrap_or(i64::MAX),
             limit: i64::from(config.limit),
         };

@@ -124,7 +124,12 @@ impl Lock {
         let seed = u64::from_le_bytes([
             bytes[16], bytes[17], bytes[18], bytes[19], bytes[20], bytes[21], bytes[22], bytes[23],
         ]);
-        let token = Token(bytes[..16].iter().map(|b| format!("{b:02x}")).collect());
+        let token = Token::new(
+            bytes[..16]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>(),
+        );
         let config = Config {
             seed,
             ..self.config.clone()
