@@ -92,8 +92,8 @@
 //! Faults, real and seeded (the seed is printed and replays the schedule
 //! and the clients' choices; container timing still varies):
 //!
-//! The classes are [`nemesis::run::FaultClass`], one per column of the
-//! model: client `crash` (`docker kill`, for good), client `pause`
+//! The faults are the model's own ([`lockwright_model::Fault`]; how each
+//! strikes is listed in [`nemesis::run`]), one per column of the model: client `crash` (`docker kill`, for good), client `pause`
 //! (`docker pause`), `client-skew` (libfaketime in about half the client
 //! containers: half a TTL ahead, 1 % slow, checked from each client's
 //! clock probes), `partition` (iptables black holes between chosen client

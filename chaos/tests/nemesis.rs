@@ -17,45 +17,44 @@ use lockwright_chaos::in_ci;
 use lockwright_chaos::nemesis::campaign::{
     failures, progress_line, rows, run_mutation, table, Settings,
 };
-use lockwright_chaos::nemesis::run::{
-    bridged_traffic_filtered, run, FaultClass, BRIDGE_NF_CALL_IPTABLES,
-};
+use lockwright_chaos::nemesis::run::{bridged_traffic_filtered, run, BRIDGE_NF_CALL_IPTABLES};
 use lockwright_chaos::nemesis::Mutation;
 use lockwright_core::ProtocolId;
+use lockwright_model::Fault;
 
 /// The cells of the CI run.
-const CELLS: [(ProtocolId, FaultClass); 22] = [
-    (ProtocolId::SetPxLua, FaultClass::None),
-    (ProtocolId::SetPxLua, FaultClass::Crash),
-    (ProtocolId::SetnxDel, FaultClass::Crash),
-    (ProtocolId::SetPxLua, FaultClass::Pause),
-    (ProtocolId::SetPxLua, FaultClass::Partition),
-    (ProtocolId::SetPxLua, FaultClass::Restart),
-    (ProtocolId::SetPxLua, FaultClass::RestartPersisted),
-    (ProtocolId::SetPxLua, FaultClass::ClockJump),
-    (ProtocolId::SetPxLua, FaultClass::Failover),
-    (ProtocolId::Fenced, FaultClass::Pause),
-    (ProtocolId::Fenced, FaultClass::ClockJump),
-    (ProtocolId::Fenced, FaultClass::Partition),
-    (ProtocolId::Reentrant, FaultClass::Partition),
-    (ProtocolId::Redlock, FaultClass::Partition),
-    (ProtocolId::LeaseSemaphore, FaultClass::Partition),
-    (ProtocolId::SetPxLua, FaultClass::ClientSkew),
-    (ProtocolId::Redlock, FaultClass::ClientSkew),
-    (ProtocolId::SetPxLua, FaultClass::Delay),
-    (ProtocolId::SetPxGetDel, FaultClass::Delay),
-    (ProtocolId::SetPxLua, FaultClass::ClockBack),
-    (ProtocolId::SetPxLua, FaultClass::RestartDelayed),
-    (ProtocolId::SetPxLua, FaultClass::FailoverClockLag),
+const CELLS: [(ProtocolId, Fault); 22] = [
+    (ProtocolId::SetPxLua, Fault::None),
+    (ProtocolId::SetPxLua, Fault::Crash),
+    (ProtocolId::SetnxDel, Fault::Crash),
+    (ProtocolId::SetPxLua, Fault::Pause),
+    (ProtocolId::SetPxLua, Fault::Partition),
+    (ProtocolId::SetPxLua, Fault::Restart),
+    (ProtocolId::SetPxLua, Fault::RestartPersisted),
+    (ProtocolId::SetPxLua, Fault::ClockJump),
+    (ProtocolId::SetPxLua, Fault::Failover),
+    (ProtocolId::Fenced, Fault::Pause),
+    (ProtocolId::Fenced, Fault::ClockJump),
+    (ProtocolId::Fenced, Fault::Partition),
+    (ProtocolId::Reentrant, Fault::Partition),
+    (ProtocolId::Redlock, Fault::Partition),
+    (ProtocolId::LeaseSemaphore, Fault::Partition),
+    (ProtocolId::SetPxLua, Fault::ClientSkew),
+    (ProtocolId::Redlock, Fault::ClientSkew),
+    (ProtocolId::SetPxLua, Fault::Delay),
+    (ProtocolId::SetPxGetDel, Fault::Delay),
+    (ProtocolId::SetPxLua, Fault::ClockBack),
+    (ProtocolId::SetPxLua, Fault::RestartDelayed),
+    (ProtocolId::SetPxLua, Fault::FailoverClockLag),
 ];
 
 /// The cells run for 16 TTLs, where progress after a healing fault is
 /// judged: `setnx-del` × `restart-persisted` is the model's violation (a
 /// restart kills the hold's own connection, its release gives up, and the
 /// persisted key has no TTL).
-const LONG_CELLS: [(ProtocolId, FaultClass); 2] = [
-    (ProtocolId::SetPxLua, FaultClass::Partition),
-    (ProtocolId::SetnxDel, FaultClass::RestartPersisted),
+const LONG_CELLS: [(ProtocolId, Fault); 2] = [
+    (ProtocolId::SetPxLua, Fault::Partition),
+    (ProtocolId::SetnxDel, Fault::RestartPersisted),
 ];
 
 fn iptables_ready() -> bool {

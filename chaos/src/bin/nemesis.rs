@@ -20,10 +20,11 @@ use clap::Parser;
 use lockwright_chaos::nemesis::campaign::{
     failures, progress_line, rows, run_mutation, table, unjudged, Agreement, Settings,
 };
-use lockwright_chaos::nemesis::run::{run, FaultClass};
+use lockwright_chaos::nemesis::run::{applies_to, run};
 use lockwright_chaos::nemesis::Mutation;
 use lockwright_chaos::{check_environment, Availability, ChaosError};
 use lockwright_core::ProtocolId;
+use lockwright_model::Fault;
 
 /// The randomized nemesis against the real adapter.
 #[derive(Debug, Parser)]
@@ -94,6 +95,8 @@ enum Error {
     Chaos(#[from] ChaosError),
     #[error(transparent)]
     Name(#[from] lockwright_chaos::nemesis::UnknownName),
+    #[error(transparent)]
+    Fault(#[from] lockwright_model::fault::UnknownFault),
     #[error("unknown protocol {0}")]
     Protocol(String),
     #[error("cannot locate the nemesis-client binary: {0}")]
@@ -118,7 +121,7 @@ async fn campaign(args: Args) -> Result<bool, Error> {
     let faults = args
         .faults
         .iter()
-        .map(|f| FaultClass::from_str(f))
+        .map(|f| Fault::from_str(f))
         .collect::<Result<Vec<_>, _>>()?;
     let client_binary = match args.client_binary.clone() {
         Some(path) => path,
@@ -153,7 +156,7 @@ async fn campaign(args: Args) -> Result<bool, Error> {
     let mut next_seed = seed;
     if !protocols
         .iter()
-        .any(|&p| faults.iter().any(|f| f.applies_to(p)))
+        .any(|&p| faults.iter().any(|f| applies_to(*f, p)))
     {
         return Err(Error::NothingToRun);
     }
@@ -165,7 +168,7 @@ async fn campaign(args: Args) -> Result<bool, Error> {
         rounds += 1;
         // With --until-found, the rounds after the first run only the
         // violated cells not found yet.
-        let open: Vec<(ProtocolId, FaultClass)> = rows(&reports)
+        let open: Vec<(ProtocolId, Fault)> = rows(&reports)
             .iter()
             .filter(|row| row.agreement == Agreement::NotFound)
             .map(|row| (row.protocol, row.fault))
@@ -181,7 +184,7 @@ async fn campaign(args: Args) -> Result<bool, Error> {
                 if started.elapsed() >= budget && !first_round {
                     break 'rounds;
                 }
-                if !fault.applies_to(protocol) {
+                if !applies_to(fault, protocol) {
                     if first_round {
                         println!(
                             "skipped: {} x {} (a Sentinel group watches one master)",

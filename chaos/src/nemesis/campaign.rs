@@ -9,9 +9,10 @@ use lockwright_core::ProtocolId;
 use lockwright_model::matrix::Verdict;
 use lockwright_model::PropertyId;
 
-use super::run::{model_verdict, run, FaultClass, Observed, RunConfig, RunReport};
+use super::run::{model_verdict, run, Observed, RunConfig, RunReport};
 use super::Mutation;
 use crate::ChaosError;
+use lockwright_model::Fault;
 
 /// The properties the nemesis judges (each only where
 /// [`RunReport::observed`] can).
@@ -28,12 +29,12 @@ pub const JUDGED: [PropertyId; 4] = [
 /// healthy stretch of four TTLs to judge progress in, two TTLs after the
 /// crash), and for a failover 30 s or four TTLs (it waits a TTL after
 /// its replication cut before it kills).
-pub fn run_duration(fault: FaultClass, asked: Duration, ttl_ms: u64) -> Duration {
+pub fn run_duration(fault: Fault, asked: Duration, ttl_ms: u64) -> Duration {
     let ttls = |n: u64| Duration::from_millis(ttl_ms.saturating_mul(n));
     let floor = match fault {
-        FaultClass::None => Duration::ZERO,
-        FaultClass::Crash => ttls(12),
-        FaultClass::Failover | FaultClass::FailoverClockLag => Duration::from_secs(30).max(ttls(4)),
+        Fault::None => Duration::ZERO,
+        Fault::Crash => ttls(12),
+        Fault::Failover | Fault::FailoverClockLag => Duration::from_secs(30).max(ttls(4)),
         _ => ttls(4) + Duration::from_secs(1),
     };
     asked.max(floor)
@@ -67,11 +68,11 @@ impl Settings {
     pub fn config(
         &self,
         protocol: ProtocolId,
-        fault: FaultClass,
+        fault: Fault,
         seed: u64,
         mutation: Mutation,
     ) -> RunConfig {
-        let ttl_ms = if fault.is_failover() {
+        let ttl_ms = if fault.has_replica() {
             self.ttl_ms.max(8000)
         } else {
             self.ttl_ms
@@ -96,26 +97,18 @@ impl Settings {
 
 /// Where a mutation is tried: a cell whose property the model says holds
 /// for the correct protocol, so a violation there is the mutation's.
-pub fn mutation_cell(mutation: Mutation) -> (ProtocolId, FaultClass, PropertyId) {
+pub fn mutation_cell(mutation: Mutation) -> (ProtocolId, Fault, PropertyId) {
     match mutation {
         Mutation::None | Mutation::Overstate => (
             ProtocolId::SetPxLua,
-            FaultClass::None,
+            Fault::None,
             PropertyId::MutualExclusion,
         ),
-        Mutation::PlainDel => (
-            ProtocolId::SetPxLua,
-            FaultClass::Pause,
-            PropertyId::OwnerOnly,
-        ),
-        Mutation::NoFence => (
-            ProtocolId::Fenced,
-            FaultClass::Pause,
-            PropertyId::FencedResource,
-        ),
+        Mutation::PlainDel => (ProtocolId::SetPxLua, Fault::Pause, PropertyId::OwnerOnly),
+        Mutation::NoFence => (ProtocolId::Fenced, Fault::Pause, PropertyId::FencedResource),
         Mutation::IgnoreLost => (
             ProtocolId::Reentrant,
-            FaultClass::Partition,
+            Fault::Partition,
             PropertyId::MutualExclusion,
         ),
     }
@@ -143,7 +136,7 @@ pub struct Row {
     /// Protocol.
     pub protocol: ProtocolId,
     /// Fault class.
-    pub fault: FaultClass,
+    pub fault: Fault,
     /// Property.
     pub property: PropertyId,
     /// Runs of this cell.
@@ -166,7 +159,7 @@ pub struct Row {
 
 /// Aggregates runs into rows (judged properties only).
 pub fn rows(reports: &[RunReport]) -> Vec<Row> {
-    let mut rows: BTreeMap<(String, FaultClass, usize), Row> = BTreeMap::new();
+    let mut rows: BTreeMap<(String, Fault, usize), Row> = BTreeMap::new();
     for report in reports {
         let config = &report.config;
         for (index, property) in JUDGED.into_iter().enumerate() {
@@ -211,7 +204,7 @@ pub fn rows(reports: &[RunReport]) -> Vec<Row> {
                         );
                         let gap = lockwright_model::matrix::bound_gap(
                             config.protocol,
-                            config.fault.model_fault(),
+                            config.fault,
                             property,
                         );
                         row.agreement = match gap {
@@ -273,7 +266,7 @@ pub struct MutationRow {
     /// The mutation.
     pub mutation: Mutation,
     /// Where it was tried.
-    pub cell: (ProtocolId, FaultClass, PropertyId),
+    pub cell: (ProtocolId, Fault, PropertyId),
     /// Runs tried.
     pub runs: usize,
     /// The evidence of the first run that caught it.
@@ -362,12 +355,8 @@ pub fn table(rows: &[Row], mutations: &[MutationRow]) -> String {
                 row.protocol.as_str(),
                 row.fault.as_str(),
                 row.property.as_str(),
-                lockwright_model::matrix::bound_gap(
-                    row.protocol,
-                    row.fault.model_fault(),
-                    row.property
-                )
-                .unwrap_or_default()
+                lockwright_model::matrix::bound_gap(row.protocol, row.fault, row.property)
+                    .unwrap_or_default()
             ));
         }
     }

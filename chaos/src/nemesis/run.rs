@@ -6,17 +6,80 @@
 //! [`Topology`] removes them when it is dropped (also on a panic or an
 //! error), and [`crate::check_environment`] removes those of runs whose
 //! process is gone.
+//!
+//! # How each fault strikes
+//!
+//! The nemesis strikes the model's faults ([`Fault`], one name for both:
+//! a run's fault is compared with the model's column of that name), each on
+//! the real processes and network:
+//!
+//! - **`none`**: no fault: contention only.
+//! - **`crash`**: `docker kill --signal KILL` of a client container as it
+//!   enters its section: the holder dies holding, for good (it is not started
+//!   again). Once per run.
+//! - **`pause`**: `docker pause` of a client container for 1.2 to 2 TTLs:
+//!   three times in four the client that has just read the resource (inside
+//!   its section), else the one that wrote last.
+//! - **`partition`**: iptables DROP rules in `DOCKER-USER` between chosen
+//!   client and node containers (both directions of each pair: a black hole,
+//!   no reset), for 1.5 to 3 TTLs, begun as a client enters its section (when
+//!   one does within a TTL) and always cutting that client.
+//! - **`restart`**: SIGKILL of a node's `redis-server` process as a client
+//!   begins the last step of its section (when one does within two TTLs; on
+//!   RedLock, a node of a holder whose token is on exactly three of the
+//!   five), started again by the node container's supervisor after up to 100
+//!   ms; the node comes back empty.
+//! - **`restart-persisted`**: as `restart` with `--appendonly yes
+//!   --appendfsync always`.
+//! - **`clock-jump`**: a node's clock jumps forward by 1.2 to 2 TTLs, aimed
+//!   as `restart` is: libfaketime in the node's `redis-server`, its offset
+//!   file rewritten at run time, so the real process reads a clock that has
+//!   moved on and expires the keys early. The jumps add up; the clock never
+//!   goes back.
+//! - **`failover`**: a real Redis Sentinel failover: the node has a replica
+//!   and three Sentinels (quorum 2) and the clients find the master through
+//!   the Sentinels. The nemesis cuts the replication link (iptables DROP
+//!   between master and replica), waits a TTL (so that every lease the
+//!   replica received has run out), then, as a client that entered its
+//!   section on a grant made since (never replicated) begins the last step of
+//!   that section (or, when none does, three TTLs after the cut), kills the
+//!   master's `redis-server` with SIGKILL; the Sentinels promote the replica.
+//!   Once per run; single-master protocols only.
+//! - **`client-skew`**: client clocks disagree, as in the model: about half
+//!   the clients (at least one, seeded) run under libfaketime (`LD_PRELOAD`
+//!   in their container) with a clock half a TTL ahead that runs 1 % slow,
+//!   the adapter's timers (tokio's `Instant`) and wall clock alike. Their
+//!   records keep the real time (read through the vDSO); the nemesis checks
+//!   each client's offset and rate from its clock file.
+//! - **`clock-back`**: as `restart`, and the node's clock comes back
+//!   [`CLOCK_STEP_BACK`] ms behind (libfaketime's offset set back before the
+//!   supervisor starts it again; the nemesis reads the node's `TIME` to
+//!   check). The steps add up.
+//! - **`restart-delayed`**: as `restart`, but the node stays down for 1.2 to
+//!   2 TTLs before the supervisor starts it again.
+//! - **`failover-clock-lag`**: as `failover`, with the replica's
+//!   `redis-server` under libfaketime, its clock [`FAILOVER_CLOCK_LAG_MS`] behind
+//!   its master's from the start (the nemesis reads its `TIME` to check),
+//!   more than the promotion takes. Redis 7 replicates a relative expiry as
+//!   an absolute one (`PXAT`), so the promoted replica keeps each key that
+//!   much longer.
+//! - **`delay`**: a delaying TCP relay (`nemesis-client relay`, a container
+//!   of its own) sits between the clients and every node. As a client enters
+//!   its section, the nemesis has the relay hold the next request (three
+//!   times in four) or reply that client sends or gets for 1.2 to 2 TTLs: the
+//!   client times out, retires the connection and goes on over a new one,
+//!   which is not held, and the held request still reaches the node
+//!   afterwards. The relay reports each hold it really made.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lockwright_core::catalogue::Kind;
 use lockwright_core::ProtocolId;
-use lockwright_model::fault::CLOCK_STEP_BACK;
+use lockwright_model::fault::{Family, CLOCK_STEP_BACK};
 use lockwright_model::matrix::{expected, parse_expectations, Verdict, EXPECTATIONS};
 use lockwright_model::{Fault, PropertyId};
 use lockwright_redis::{Lock, LockOptions};
@@ -24,7 +87,7 @@ use redis::AsyncConnectionConfig;
 
 use super::checker::{judge_with_pauses, progress, Judgement, Paused};
 use super::record::{log_key, marks_key, LogEntry, OpKind, OpRecord, Outcome};
-use super::{Mutation, Rng, UnknownName};
+use super::{Mutation, Rng};
 use crate::clock::{FakeClock, OFFSET_FILE};
 use crate::docker::{docker, docker_blocking};
 use crate::{
@@ -40,174 +103,15 @@ pub const CLIENT_PATH: &str = "/usr/local/bin/nemesis-client";
 /// `redis-server`.
 const REDIS_SERVER_PATH: &str = "/usr/local/bin/redis-server";
 
-/// The nemesis' fault classes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FaultClass {
-    /// No fault: contention only.
-    None,
-    /// `docker kill --signal KILL` of a client container as it enters its
-    /// section: the holder dies holding, for good (it is not started
-    /// again). Once per run.
-    Crash,
-    /// `docker pause` of a client container for 1.2 to 2 TTLs: three times
-    /// in four the client that has just read the resource (inside its
-    /// section), else the one that wrote last.
-    Pause,
-    /// iptables DROP rules in `DOCKER-USER` between chosen client and node
-    /// containers (both directions of each pair: a black hole, no reset),
-    /// for 1.5 to 3 TTLs, begun as a client enters its section (when one
-    /// does within a TTL) and always cutting that client.
-    Partition,
-    /// SIGKILL of a node's `redis-server` process as a client begins the
-    /// last step of its section (when one does within two TTLs; on RedLock,
-    /// a node of a holder whose token is on exactly three of the five),
-    /// started again by the node container's supervisor after up to 100 ms;
-    /// the node comes back empty.
-    Restart,
-    /// As [`FaultClass::Restart`] with `--appendonly yes --appendfsync always`.
-    RestartPersisted,
-    /// A node's clock jumps forward by 1.2 to 2 TTLs, aimed as
-    /// [`FaultClass::Restart`] is: libfaketime in the
-    /// node's `redis-server`, its offset file rewritten at run time, so the
-    /// real process reads a clock that has moved on and expires the keys
-    /// early. The jumps add up; the clock never goes back.
-    ClockJump,
-    /// A real Redis Sentinel failover: the node has a replica and three
-    /// Sentinels (quorum 2) and the clients find the master through the
-    /// Sentinels. The nemesis cuts the replication link (iptables DROP
-    /// between master and replica), waits a TTL (so that every lease the
-    /// replica received has run out), then, as a client that entered its
-    /// section on a grant made since (never replicated) begins the last
-    /// step of that section (or, when none does, three TTLs after the cut),
-    /// kills the master's `redis-server` with SIGKILL; the Sentinels
-    /// promote the replica. Once per run; single-master protocols only.
-    Failover,
-    /// Client clocks disagree, as in the model: about half the clients
-    /// (at least one, seeded) run under libfaketime (`LD_PRELOAD` in their
-    /// container) with a clock half a TTL ahead that runs 1 % slow, the
-    /// adapter's timers (tokio's `Instant`) and wall clock alike. Their
-    /// records keep the real time (read through the vDSO); the nemesis
-    /// checks each client's offset and rate from its clock file.
-    ClientSkew,
-    /// As [`FaultClass::Restart`], and the node's clock comes back
-    /// [`CLOCK_STEP_BACK`] ms behind (libfaketime's offset set back before
-    /// the supervisor starts it again; the nemesis reads the node's `TIME`
-    /// to check). The steps add up.
-    ClockBack,
-    /// As [`FaultClass::Restart`], but the node stays down for 1.2 to 2
-    /// TTLs before the supervisor starts it again.
-    RestartDelayed,
-    /// As [`FaultClass::Failover`], with the replica's `redis-server` under
-    /// libfaketime, its clock [`FAILOVER_CLOCK_LAG_MS`] behind its master's
-    /// from the start (the nemesis reads its `TIME` to check), more than
-    /// the promotion takes. Redis 7 replicates a relative expiry as an
-    /// absolute one (`PXAT`), so the promoted replica keeps each key that
-    /// much longer.
-    FailoverClockLag,
-    /// A delaying TCP relay (`nemesis-client relay`, a container of its
-    /// own) sits between the clients and every node. As a client enters
-    /// its section, the nemesis has the relay hold the next request (three
-    /// times in four) or reply that client sends or gets for 1.2 to 2 TTLs:
-    /// the client times out, retires the connection and goes on over a new
-    /// one, which is not held, and the held request still reaches the node
-    /// afterwards. The relay reports each hold it really made.
-    Delay,
+/// Can a run of `protocol` have `fault`? A failover needs a single master
+/// (a Sentinel group watches one), so not RedLock.
+pub fn applies_to(fault: Fault, protocol: ProtocolId) -> bool {
+    !fault.has_replica() || protocol != ProtocolId::Redlock
 }
 
-impl FaultClass {
-    /// Every class.
-    pub const ALL: [FaultClass; 13] = [
-        FaultClass::None,
-        FaultClass::Crash,
-        FaultClass::Pause,
-        FaultClass::ClientSkew,
-        FaultClass::ClockJump,
-        FaultClass::ClockBack,
-        FaultClass::Restart,
-        FaultClass::Failover,
-        FaultClass::Delay,
-        FaultClass::Partition,
-        FaultClass::RestartDelayed,
-        FaultClass::RestartPersisted,
-        FaultClass::FailoverClockLag,
-    ];
-
-    /// The name in tables and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FaultClass::None => "none",
-            FaultClass::Crash => "crash",
-            FaultClass::Pause => "pause",
-            FaultClass::Partition => "partition",
-            FaultClass::Restart => "restart",
-            FaultClass::RestartPersisted => "restart-persisted",
-            FaultClass::ClockJump => "clock-jump",
-            FaultClass::Failover => "failover",
-            FaultClass::ClientSkew => "client-skew",
-            FaultClass::ClockBack => "clock-back",
-            FaultClass::RestartDelayed => "restart-delayed",
-            FaultClass::FailoverClockLag => "failover-clock-lag",
-            FaultClass::Delay => "delay",
-        }
-    }
-
-    /// Can a run of `protocol` have this fault? A failover needs a single
-    /// master (a Sentinel group watches one), so not RedLock.
-    pub fn applies_to(self, protocol: ProtocolId) -> bool {
-        !self.is_failover() || protocol != ProtocolId::Redlock
-    }
-
-    /// A Sentinel failover (with or without the replica's clock lag)?
-    pub fn is_failover(self) -> bool {
-        matches!(self, FaultClass::Failover | FaultClass::FailoverClockLag)
-    }
-
-    /// A kill -9 of a node's `redis-server` and its start again?
-    pub fn is_restart(self) -> bool {
-        matches!(
-            self,
-            FaultClass::Restart
-                | FaultClass::RestartPersisted
-                | FaultClass::RestartDelayed
-                | FaultClass::ClockBack
-        )
-    }
-
-    /// The model's column this class is compared with. The model's
-    /// `partition` cuts one node from every client; the nemesis cuts chosen
-    /// client-node pairs (some clients still reach the node), so its
-    /// verdicts are compared with the model's `partition` column as the
-    /// nearest, not as the same fault.
-    pub fn model_fault(self) -> Fault {
-        match self {
-            FaultClass::None => Fault::None,
-            FaultClass::Crash => Fault::Crash,
-            FaultClass::Pause => Fault::Pause,
-            FaultClass::Partition => Fault::Partition,
-            FaultClass::Restart => Fault::Restart,
-            FaultClass::RestartPersisted => Fault::RestartPersisted,
-            FaultClass::ClockJump => Fault::ClockJump,
-            FaultClass::Failover => Fault::Failover,
-            FaultClass::ClientSkew => Fault::ClientSkew,
-            FaultClass::ClockBack => Fault::ClockBack,
-            FaultClass::RestartDelayed => Fault::RestartDelayed,
-            FaultClass::FailoverClockLag => Fault::FailoverClockLag,
-            FaultClass::Delay => Fault::Delay,
-        }
-    }
-}
-
-impl FromStr for FaultClass {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FaultClass::ALL
-            .into_iter()
-            .find(|f| f.as_str() == s)
-            .ok_or_else(|| UnknownName {
-                what: "fault class",
-                name: s.to_owned(),
-            })
-    }
+/// A kill -9 of a node's `redis-server` and its start again?
+fn is_restart(fault: Fault) -> bool {
+    fault.family() == Family::Restart
 }
 
 /// One run's settings.
@@ -216,7 +120,7 @@ pub struct RunConfig {
     /// The protocol under test.
     pub protocol: ProtocolId,
     /// The faults injected.
-    pub fault: FaultClass,
+    pub fault: Fault,
     /// How many client containers.
     pub clients: usize,
     /// How long the clients loop.
@@ -306,7 +210,7 @@ impl RunReport {
             // removal of another's entry.
             PropertyId::OwnerOnly
                 if !self.config.is_semaphore()
-                    && matches!(self.config.fault, FaultClass::Pause | FaultClass::Delay) =>
+                    && matches!(self.config.fault, Fault::Pause | Fault::Delay) =>
             {
                 "unpaused-overlap"
             }
@@ -333,9 +237,9 @@ impl RunReport {
 }
 
 /// The model's verdict for a cell, from `model/expectations.txt`.
-pub fn model_verdict(protocol: ProtocolId, fault: FaultClass, property: PropertyId) -> Verdict {
+pub fn model_verdict(protocol: ProtocolId, fault: Fault, property: PropertyId) -> Verdict {
     let rules = parse_expectations(EXPECTATIONS).unwrap_or_default();
-    expected(&rules, protocol, fault.model_fault(), property)
+    expected(&rules, protocol, fault, property)
         .map(|rule| rule.verdict)
         .unwrap_or(Verdict::Holds)
 }
@@ -1252,7 +1156,7 @@ async fn run_in(
     image: &str,
     topology: &mut Topology,
 ) -> Result<RunReport, ChaosError> {
-    if (config.fault == FaultClass::Partition || config.fault.is_failover())
+    if (config.fault == Fault::Partition || config.fault.has_replica())
         && !bridged_traffic_filtered(
             std::fs::read_to_string(BRIDGE_NF_CALL_IPTABLES)
                 .ok()
@@ -1268,13 +1172,12 @@ async fn run_in(
     topology.create_network().await?;
     let redis_image = default_image();
     // The nodes' redis-server arguments, as the replay's nodes have them.
-    let node_args =
-        NodeOptions::with_persistence(if config.fault == FaultClass::RestartPersisted {
-            Persistence::AofFsyncAlways
-        } else {
-            Persistence::None
-        })
-        .redis_args();
+    let node_args = NodeOptions::with_persistence(if config.fault == Fault::RestartPersisted {
+        Persistence::AofFsyncAlways
+    } else {
+        Persistence::None
+    })
+    .redis_args();
     let resource_ip = topology.ip(2);
     let resource_name = format!("{}-resource", topology.prefix);
     topology
@@ -1303,9 +1206,9 @@ async fn run_in(
         let ip = topology.ip(10 + index as u8);
         // The node runs redis-server under the client binary's supervisor,
         // which kills it with SIGKILL and starts it again on signals from
-        // the nemesis (see `FaultClass::Restart`).
+        // the nemesis (see `Fault::Restart`).
         let mut faked = Vec::new();
-        if matches!(config.fault, FaultClass::ClockJump | FaultClass::ClockBack) {
+        if matches!(config.fault, Fault::ClockJump | Fault::ClockBack) {
             let clock = FakeClock::new()?;
             faked = faketime_args(&clock);
             clocks.push(clock);
@@ -1335,7 +1238,7 @@ async fn run_in(
     };
     let mut faults = Vec::new();
     let mut replica_clock: Option<FakeClock> = None;
-    let sentinels = if config.fault.is_failover() {
+    let sentinels = if config.fault.has_replica() {
         if config.nodes() != 1 {
             return Err(ChaosError::Harness(format!(
                 "failover runs need a single-master protocol, not {}",
@@ -1344,7 +1247,7 @@ async fn run_in(
         }
         // Under `failover-clock-lag` the replica's clock is behind from the
         // start.
-        if config.fault == FaultClass::FailoverClockLag {
+        if config.fault == Fault::FailoverClockLag {
             let mut clock = FakeClock::new()?;
             clock.set_offset_ms(-(FAILOVER_CLOCK_LAG_MS as i64))?;
             replica_clock = Some(clock);
@@ -1384,7 +1287,7 @@ async fn run_in(
     // Under `delay` the clients reach every node through the relay: node
     // `i` at the relay's port `REDIS_PORT + 1 + i`.
     let mut relay = None;
-    if config.fault == FaultClass::Delay {
+    if config.fault == Fault::Delay {
         let relay_ip = topology.ip(40);
         let routes: Vec<String> = node_ips
             .iter()
@@ -1425,7 +1328,7 @@ async fn run_in(
     let mut client_ips = Vec::new();
     // Under `client-skew` about half the clients (at least one) run under
     // libfaketime: half a TTL ahead, 1 % slow (the model's skew).
-    let skewed: Vec<usize> = if config.fault == FaultClass::ClientSkew {
+    let skewed: Vec<usize> = if config.fault == Fault::ClientSkew {
         let mut chosen =
             Rng::new(config.seed ^ 0x5eed_c10c).choose(config.clients, (config.clients / 2).max(1));
         chosen.sort_unstable();
@@ -1510,7 +1413,7 @@ async fn run_in(
     // A failover's first step (the replication cut) comes after a second:
     // its kill waits for a grant made after the cut.
     let mut next_fault = started
-        + Duration::from_millis(if config.fault.is_failover() {
+        + Duration::from_millis(if config.fault.has_replica() {
             1000
         } else {
             rng.range(ttl / 2, ttl)
@@ -1522,7 +1425,7 @@ async fn run_in(
     // one is over (the longest, a pause or a delay, waits up to two TTLs
     // for its target and lasts up to two more) a healthy stretch of two
     // TTLs to settle and the progress patience of four remains.
-    let faults_end = if config.fault.is_failover() {
+    let faults_end = if config.fault.has_replica() {
         end - Duration::from_millis(ttl / 2)
     } else if config.duration >= Duration::from_millis(ttl * 16) {
         end - Duration::from_millis(ttl * 11)
@@ -1578,7 +1481,7 @@ async fn run_in(
         // that renews would otherwise see its lease gone at its next
         // renewal and leave before its write. The nemesis waits up to a
         // TTL for a read, two for a mark.
-        let at_mark = config.fault.is_restart() || config.fault == FaultClass::ClockJump;
+        let at_mark = is_restart(config.fault) || config.fault == Fault::ClockJump;
         // RedLock: a node that forgets or expires the hold matters only
         // when the holder holds a bare majority (its token on exactly
         // three of the five nodes); the fault then strikes one of those.
@@ -1598,11 +1501,8 @@ async fn run_in(
                 .map(|(client, _)| client)
                 .filter(|c| open_reads.contains_key(c))
         };
-        let aimed = at_mark
-            || matches!(
-                config.fault,
-                FaultClass::Partition | FaultClass::Crash | FaultClass::Delay
-            );
+        let aimed =
+            at_mark || matches!(config.fault, Fault::Partition | Fault::Crash | Fault::Delay);
         let patience = Duration::from_millis(if at_mark { ttl * 2 } else { ttl });
         if aimed && entered.is_none() && Instant::now() < next_fault + patience {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1623,10 +1523,10 @@ async fn run_in(
         match config.fault {
             // The skew is the clients' from their start (checked from
             // their clock files once they are done).
-            FaultClass::None | FaultClass::ClientSkew => {
+            Fault::None | Fault::ClientSkew => {
                 next_fault = end;
             }
-            FaultClass::Delay => {
+            Fault::Delay => {
                 let Some(control) = relay.as_mut() else {
                     return Err(ChaosError::Harness("no relay".to_owned()));
                 };
@@ -1669,7 +1569,7 @@ async fn run_in(
                 }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
             }
-            FaultClass::Crash => {
+            Fault::Crash => {
                 let target = entered
                     .map(|c| c as usize)
                     .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
@@ -1685,7 +1585,7 @@ async fn run_in(
                 ));
                 next_fault = end;
             }
-            FaultClass::Pause => {
+            Fault::Pause => {
                 // Three pauses in four hit a client inside its section: the
                 // nemesis waits (up to two TTLs) for a read of the resource
                 // and pauses its reader at once, while it has most of its
@@ -1721,7 +1621,7 @@ async fn run_in(
                 faults.push(format!("pause client {target} {hold} ms"));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 10, ttl / 2));
             }
-            FaultClass::Partition => {
+            Fault::Partition => {
                 let cut = config.clients / 2 + 1;
                 let mut chosen = rng.choose(config.clients, cut);
                 // The holder that has just entered (else any inside) is
@@ -1759,7 +1659,7 @@ async fn run_in(
                 faults.push(format!("partition {} {hold} ms", text.join(",")));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
             }
-            FaultClass::Failover | FaultClass::FailoverClockLag => {
+            Fault::Failover | Fault::FailoverClockLag => {
                 let Some(group) = &sentinels else {
                     return Err(ChaosError::Harness("no Sentinel group".to_owned()));
                 };
@@ -1787,7 +1687,7 @@ async fn run_in(
                         // (its mark), which runs to its end once begun.
                         // A replica whose clock lags keeps a key that much
                         // longer.
-                        let lag = if config.fault == FaultClass::FailoverClockLag {
+                        let lag = if config.fault == Fault::FailoverClockLag {
                             FAILOVER_CLOCK_LAG_MS
                         } else {
                             0
@@ -1837,7 +1737,7 @@ async fn run_in(
                     }
                 }
             }
-            FaultClass::ClockJump => {
+            Fault::ClockJump => {
                 let drawn = rng.range(0, config.nodes() as u64 - 1) as usize;
                 let node = struck_node.unwrap_or(drawn);
                 let jump = rng.range(ttl * 6 / 5, ttl * 2);
@@ -1868,13 +1768,10 @@ async fn run_in(
                 }
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 2, ttl * 2));
             }
-            FaultClass::Restart
-            | FaultClass::RestartPersisted
-            | FaultClass::RestartDelayed
-            | FaultClass::ClockBack => {
+            Fault::Restart | Fault::RestartPersisted | Fault::RestartDelayed | Fault::ClockBack => {
                 let drawn = rng.range(0, config.nodes() as u64 - 1) as usize;
                 let node = struck_node.unwrap_or(drawn);
-                let down = if config.fault == FaultClass::RestartDelayed {
+                let down = if config.fault == Fault::RestartDelayed {
                     rng.range(ttl * 6 / 5, ttl * 2)
                 } else {
                     rng.range(0, 100)
@@ -1887,7 +1784,7 @@ async fn run_in(
                 tokio::time::sleep(Duration::from_millis(down)).await;
                 // Under `clock-back` the node's clock comes back behind by
                 // more than the restart took.
-                if config.fault == FaultClass::ClockBack {
+                if config.fault == Fault::ClockBack {
                     let offset = clocks[node].offset_ms() - CLOCK_STEP_BACK as i64;
                     clocks[node].set_offset_ms(offset)?;
                 }
@@ -1895,7 +1792,7 @@ async fn run_in(
                 docker(&["kill", "--signal", "USR2", &node_names[node]]).await?;
                 redis_ready(&url, Duration::from_secs(20)).await?;
                 let mut text = format!("kill -9 node {node}{aim_note}, down {down} ms");
-                if config.fault == FaultClass::ClockBack {
+                if config.fault == Fault::ClockBack {
                     let behind = clock_behind_ms(&url).await?;
                     let offset = clocks[node].offset_ms();
                     if behind + 50 < -offset {
@@ -1922,11 +1819,11 @@ async fn run_in(
     // A run whose fault never happened shows nothing about the fault.
     let happened = match config.fault {
         // The skew is checked once the clients are done.
-        FaultClass::None | FaultClass::ClientSkew => true,
-        FaultClass::Failover | FaultClass::FailoverClockLag => {
+        Fault::None | Fault::ClientSkew => true,
+        Fault::Failover | Fault::FailoverClockLag => {
             faults.iter().any(|f| f.starts_with("SIGKILL master"))
         }
-        FaultClass::Crash => crashed.is_some(),
+        Fault::Crash => crashed.is_some(),
         _ => !faults.is_empty(),
     };
     if !happened {
@@ -1961,7 +1858,7 @@ async fn run_in(
             )));
         }
     }
-    if config.fault == FaultClass::ClientSkew {
+    if config.fault == Fault::ClientSkew {
         faults.extend(check_skew(&topology.out_dir, config, &skewed)?);
     }
     let texts: Vec<String> = redis::cmd("LRANGE")
@@ -2005,9 +1902,9 @@ async fn run_in(
     // deadline. Judged where that stretch is at least the patience.
     let ttl_us = config.ttl_ms * 1000;
     let healthy_from = match (config.fault, crashed) {
-        (FaultClass::None | FaultClass::ClientSkew, _) => Some(started_us + 2 * ttl_us),
-        (FaultClass::Crash, Some((_, at))) => Some(at + 2 * ttl_us),
-        (FaultClass::Crash, None) => None,
+        (Fault::None | Fault::ClientSkew, _) => Some(started_us + 2 * ttl_us),
+        (Fault::Crash, Some((_, at))) => Some(at + 2 * ttl_us),
+        (Fault::Crash, None) => None,
         _ => Some(healed_us + 2 * ttl_us),
     };
     let patience_us = PROGRESS_PATIENCE_TTLS * ttl_us;
@@ -2041,17 +1938,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_model_fault_has_one_nemesis_class() {
-        let mut columns: Vec<Fault> = FaultClass::ALL.iter().map(|f| f.model_fault()).collect();
-        for class in FaultClass::ALL {
-            assert_eq!(class.as_str().parse::<FaultClass>(), Ok(class));
-            assert_eq!(class.as_str(), class.model_fault().as_str());
+    fn failover_faults_apply_to_single_masters_only() {
+        for fault in Fault::ALL {
+            let single = fault != Fault::Failover && fault != Fault::FailoverClockLag;
+            assert_eq!(applies_to(fault, ProtocolId::Redlock), single, "{fault}");
+            assert!(applies_to(fault, ProtocolId::SetPxLua), "{fault}");
         }
-        columns.sort_by_key(|f| f.as_str());
-        columns.dedup();
-        assert_eq!(columns.len(), Fault::ALL.len());
-        assert!(!FaultClass::FailoverClockLag.applies_to(ProtocolId::Redlock));
-        assert!(FaultClass::Delay.applies_to(ProtocolId::Redlock));
+        let restarts: Vec<Fault> = Fault::ALL.into_iter().filter(|&f| is_restart(f)).collect();
+        assert_eq!(
+            restarts,
+            [
+                Fault::ClockBack,
+                Fault::Restart,
+                Fault::RestartDelayed,
+                Fault::RestartPersisted
+            ]
+        );
     }
 
     #[test]
