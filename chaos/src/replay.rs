@@ -387,70 +387,66 @@ impl<P: FnMut(&str)> Shared<'_, P> {
     }
 
     async fn replay(&self, bench: &mut Bench, job: &Job<'_>) -> Result<Done, ChaosError> {
-        let started = std::time::Instant::now();
         Ok(match *job {
             Job::Cell(case) => {
-                let replay = bench
-                    .replay(&case.model, &case.trace, ReplayOptions::default())
-                    .await
-                    .map_err(|e| {
-                        ChaosError::Harness(format!(
-                            "{} × {} × {}: {e}",
-                            case.protocol, case.fault, case.property
-                        ))
-                    })?;
-                let cell = CellReplay {
+                let what = format!("{} × {} × {}", case.protocol, case.fault, case.property);
+                let (replay, seconds) = timed(bench, &case.model, &case.trace, &what).await?;
+                self.cells_done.set(self.cells_done.get() + 1);
+                self.report(format!(
+                    "[{}/{}] {what}: {}",
+                    self.cells_done.get(),
+                    self.cells,
+                    replay.line(seconds)
+                ));
+                Done::Cell(CellReplay {
                     protocol: case.protocol,
                     fault: case.fault,
                     property: case.property,
                     replay,
-                    seconds: started.elapsed().as_secs_f64(),
-                };
-                self.cells_done.set(self.cells_done.get() + 1);
-                (self.progress.borrow_mut())(&format!(
-                    "[{}/{}] {} × {} × {}: {}",
-                    self.cells_done.get(),
-                    self.cells,
-                    cell.protocol,
-                    cell.fault,
-                    cell.property,
-                    cell.replay.line(cell.seconds)
-                ));
-                Done::Cell(cell)
+                    seconds,
+                })
             }
             Job::Path(model, holds, seed) => {
+                let what = format!("{} × {} seed {seed}", model.cfg.protocol, model.cfg.fault);
                 let trace = random_path(model, seed, PATH_STEPS);
-                let replay = bench
-                    .replay(model, &trace, ReplayOptions::default())
-                    .await
-                    .map_err(|e| {
-                        ChaosError::Harness(format!(
-                            "{} × {} seed {seed}: {e}",
-                            model.cfg.protocol, model.cfg.fault
-                        ))
-                    })?;
-                let path = PathReplay {
+                let (replay, seconds) = timed(bench, model, &trace, &what).await?;
+                self.paths_done.set(self.paths_done.get() + 1);
+                self.report(format!(
+                    "[path {}] {what}: {}",
+                    self.paths_done.get(),
+                    replay.line(seconds).replacen("reproduced", "agreed", 1)
+                ));
+                Done::Path(PathReplay {
                     protocol: model.cfg.protocol,
                     fault: model.cfg.fault,
                     holds: holds.to_vec(),
                     seed,
                     replay,
-                    seconds: started.elapsed().as_secs_f64(),
-                };
-                self.paths_done.set(self.paths_done.get() + 1);
-                (self.progress.borrow_mut())(&format!(
-                    "[path {}] {} × {} seed {seed}: {}",
-                    self.paths_done.get(),
-                    path.protocol,
-                    path.fault,
-                    path.replay
-                        .line(path.seconds)
-                        .replacen("reproduced", "agreed", 1)
-                ));
-                Done::Path(path)
+                    seconds,
+                })
             }
         })
     }
+
+    fn report(&self, line: String) {
+        (self.progress.borrow_mut())(&line);
+    }
+}
+
+/// Replays `trace` of `model` on `bench`: the replay and the seconds it
+/// took; a harness error names `what` was replayed.
+async fn timed(
+    bench: &mut Bench,
+    model: &LockModel,
+    trace: &Trace,
+    what: &str,
+) -> Result<(Replay, f64), ChaosError> {
+    let started = std::time::Instant::now();
+    let replay = bench
+        .replay(model, trace, ReplayOptions::default())
+        .await
+        .map_err(|e| ChaosError::Harness(format!("{what}: {e}")))?;
+    Ok((replay, started.elapsed().as_secs_f64()))
 }
 
 impl Suite {
