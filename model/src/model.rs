@@ -68,6 +68,7 @@ use lockwright_core::{
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
+use std::hash::Hash;
 use std::sync::Arc;
 
 /// Every node's clock reading at true time 0. Not 0: the replay runs real
@@ -529,8 +530,9 @@ impl NodeState {
 /// A request on its way to a node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Sent {
-    /// The request.
-    pub request: Request,
+    /// The request, shared by the states a step copies the link into
+    /// (it hashes and compares as the request).
+    pub request: Arc<Request>,
     /// True time by which it reaches the node (it may arrive any time
     /// before).
     pub due: u64,
@@ -614,11 +616,62 @@ pub struct Resource {
 /// of their machines, keyspaces and queues; the first write to an element
 /// through `IndexMut` (or [`Parts::iter_mut`]) copies that element alone
 /// ([`Arc::make_mut`]). A step changes one or two clients, nodes and links,
-/// so most of a successor is its parent's. It hashes, compares and prints
-/// as the `Vec<T>` it stands for, so fingerprints, state counts and traces
-/// are those of a plain vector.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Parts<T>(Vec<Arc<T>>);
+/// so most of a successor is its parent's.
+///
+/// It compares and prints as the `Vec<T>` it stands for, so traces are
+/// those of a plain vector. It hashes as the digests of its elements
+/// (64 bits each, aHash with fixed seeds, as the checker's fingerprints): an element's digest is taken
+/// the first time a state holding it is hashed and kept with it, so that
+/// fingerprinting a successor reads only the elements its step wrote. Two
+/// states that differ in an element differ in its digest but for a hash
+/// collision, as likely as one of the checker's own 64-bit fingerprints.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Parts<T>(Vec<Arc<Part<T>>>);
+
+/// An element of [`Parts`] and its digest, once taken (a write through
+/// `IndexMut` drops it).
+#[derive(Clone, Debug)]
+pub struct Part<T> {
+    value: T,
+    digest: std::sync::OnceLock<u64>,
+}
+
+impl<T: PartialEq> PartialEq for Part<T> {
+    fn eq(&self, other: &Part<T>) -> bool {
+        self.value == other.value
+    }
+}
+
+impl<T: Eq> Eq for Part<T> {}
+
+impl<T: Hash> Part<T> {
+    fn digest(&self) -> u64 {
+        // Fixed seeds: the same element has the same digest in every run.
+        *self.digest.get_or_init(|| {
+            ahash::RandomState::with_seeds(0x6c6f_636b, 0x7772_6967, 0x6874, 0x7061_7274)
+                .hash_one(&self.value)
+        })
+    }
+}
+
+impl<T: Clone> Part<T> {
+    /// The value, to change it: copied first if another state shares it,
+    /// and without a digest until it is hashed again.
+    fn write(part: &mut Arc<Part<T>>) -> &mut T {
+        let part = Arc::make_mut(part);
+        part.digest.take();
+        &mut part.value
+    }
+}
+
+impl<T: Hash> Hash for Parts<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.0.len());
+        for part in &self.0 {
+            state.write_u64(part.digest());
+        }
+    }
+}
 
 impl<T: Clone> Parts<T> {
     /// The number of elements.
@@ -633,46 +686,58 @@ impl<T: Clone> Parts<T> {
 
     /// The elements, read only (nothing is copied).
     pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
-        self.0.iter().map(|e| &**e)
+        self.0.iter().map(|e| &e.value)
     }
 
     /// Every element, each copied first if another state shares it: use
     /// indexing to change one.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
-        self.0.iter_mut().map(Arc::make_mut)
+        self.0.iter_mut().map(Part::write)
     }
 }
 
 impl<T> FromIterator<T> for Parts<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
-        Parts(iter.into_iter().map(Arc::new).collect())
+        Parts(
+            iter.into_iter()
+                .map(|value| {
+                    Arc::new(Part {
+                        value,
+                        digest: std::sync::OnceLock::new(),
+                    })
+                })
+                .collect(),
+        )
     }
 }
 
 impl<T> std::ops::Index<usize> for Parts<T> {
     type Output = T;
     fn index(&self, i: usize) -> &T {
-        &self.0[i]
+        &self.0[i].value
     }
 }
 
 impl<T: Clone> std::ops::IndexMut<usize> for Parts<T> {
     fn index_mut(&mut self, i: usize) -> &mut T {
-        Arc::make_mut(&mut self.0[i])
+        Part::write(&mut self.0[i])
     }
 }
 
 impl<'a, T: Clone> IntoIterator for &'a Parts<T> {
     type Item = &'a T;
-    type IntoIter = std::iter::Map<std::slice::Iter<'a, Arc<T>>, fn(&'a Arc<T>) -> &'a T>;
+    type IntoIter =
+        std::iter::Map<std::slice::Iter<'a, Arc<Part<T>>>, fn(&'a Arc<Part<T>>) -> &'a T>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|e| &**e)
+        self.0.iter().map(|e| &e.value)
     }
 }
 
 impl<T: std::fmt::Debug> std::fmt::Debug for Parts<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.0.iter().map(|e| &**e)).finish()
+        f.debug_list()
+            .entries(self.0.iter().map(|e| &e.value))
+            .finish()
     }
 }
 
@@ -983,7 +1048,7 @@ impl LockModel {
         while let Some(request) = state.clients[ci].machine.poll_transmit() {
             let l = self.link(c, request.node.0);
             state.links[l].requests.push_back(Sent {
-                request,
+                request: Arc::new(request),
                 due: state.time + self.cfg.latency,
                 timeout: now + self.cfg.reply_timeout,
                 late: false,
@@ -2111,17 +2176,42 @@ mod tests {
     use std::hash::{BuildHasher, BuildHasherDefault};
 
     #[test]
-    fn parts_hash_and_print_as_the_vector_they_stand_for() {
+    fn parts_print_and_compare_as_the_vector_they_stand_for() {
         let v: Vec<String> = vec!["a".into(), "bc".into()];
         let parts: Parts<String> = v.iter().cloned().collect();
-        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
-        assert_eq!(h.hash_one(&parts), h.hash_one(&v));
         assert_eq!(format!("{parts:?}"), format!("{v:?}"));
         assert_eq!(parts.len(), 2);
         assert_eq!(
             parts.iter().collect::<Vec<_>>(),
             v.iter().collect::<Vec<_>>()
         );
+        let same: Parts<String> = v.iter().cloned().collect();
+        assert_eq!(parts, same);
+    }
+
+    #[test]
+    fn parts_hash_as_their_elements_and_a_write_changes_the_hash() {
+        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+        let parts: Parts<String> = ["a", "b"].into_iter().map(String::from).collect();
+        let same: Parts<String> = ["a", "b"].into_iter().map(String::from).collect();
+        assert_eq!(h.hash_one(&parts), h.hash_one(&same));
+        let swapped: Parts<String> = ["b", "a"].into_iter().map(String::from).collect();
+        assert_ne!(h.hash_one(&parts), h.hash_one(&swapped));
+        let longer: Parts<String> = ["a", "b", ""].into_iter().map(String::from).collect();
+        assert_ne!(h.hash_one(&parts), h.hash_one(&longer));
+        // The digest of an element is kept once taken; a write must drop
+        // it, or the successor would hash as its parent.
+        let mut next = parts.clone();
+        next[1].push('!');
+        assert_ne!(h.hash_one(&parts), h.hash_one(&next));
+        for s in next.iter_mut() {
+            s.clear();
+        }
+        let empty: Parts<String> = ["", ""].into_iter().map(String::from).collect();
+        assert_eq!(h.hash_one(&next), h.hash_one(&empty));
+        next[0].push('!');
+        next[0].pop();
+        assert_eq!(h.hash_one(&next), h.hash_one(&empty));
     }
 
     #[test]
