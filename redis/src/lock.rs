@@ -204,6 +204,9 @@ struct Shared {
     /// An attempt after an unanswered one runs under a new owner token
     /// (`false` only in [`Lock::retrying_under_one_token`]).
     fresh_tokens: bool,
+    /// The maker of the machines for those attempts, built once for the
+    /// lock (see [`Shared::fresh_attempts`]).
+    make_fresh: Option<driver::MakeMachine>,
 }
 
 impl Shared {
@@ -270,14 +273,17 @@ impl Shared {
             }
             _ => None,
         };
+        let token_release = Shared::token_release(options.protocol, &config);
+        let make_fresh = Shared::make_fresh(options.protocol, &config, token_release.as_deref());
         Ok(Shared {
             routes,
             protocol: options.protocol,
-            token_release: Shared::token_release(options.protocol, &config),
+            token_release,
             config,
             settings,
             notices,
             fresh_tokens: true,
+            make_fresh,
         })
     }
 
@@ -483,20 +489,26 @@ impl Shared {
         .await
     }
 
-    /// Where an acquire undoes its unanswered attempts by token, the maker
-    /// of the machines for the attempts after them, each under a new owner
+    /// Where an acquire undoes its unanswered attempts by token, what makes
+    /// the machines for the attempts after them, each under a new owner
     /// token (see `driver::FreshAttempt`).
     fn fresh_attempts(&self) -> Option<driver::FreshAttempt> {
-        let undoes = self
-            .token_release
-            .as_ref()
-            .is_some_and(|t| t.after_unknown_attempt);
-        if !undoes || !self.fresh_tokens {
+        self.make_fresh.clone().map(driver::FreshAttempt::new)
+    }
+
+    /// The maker behind [`Shared::fresh_attempts`], for a lock of
+    /// `protocol` with `base` whose unanswered attempts are undone as
+    /// `token_release` says (`None`: they are not, and no maker is needed).
+    fn make_fresh(
+        protocol: ProtocolId,
+        base: &Config,
+        token_release: Option<&TokenRelease>,
+    ) -> Option<driver::MakeMachine> {
+        if !token_release.is_some_and(|t| t.after_unknown_attempt) {
             return None;
         }
-        let protocol = self.protocol;
-        let base = self.config.clone();
-        Some(driver::FreshAttempt::new(Arc::new(move |n: u32| {
+        let base = base.clone();
+        Some(Arc::new(move |n: u32| {
             let (token, seed) = token_and_seed()?;
             // The base delay doubles with each machine built (see `MakeMachine`).
             let grown = base
@@ -510,7 +522,7 @@ impl Shared {
                 ..base.clone()
             };
             Ok((build_machine(protocol, &config, token.clone())?, token))
-        })))
+        }))
     }
 
     /// How to remove this protocol's hold with the owner token alone: after
@@ -652,6 +664,7 @@ impl Lock {
     pub fn retrying_under_one_token(mut self) -> Lock {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.fresh_tokens = false;
+            shared.make_fresh = None;
         }
         self
     }
