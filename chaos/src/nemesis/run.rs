@@ -11,7 +11,11 @@
 //!
 //! The nemesis strikes the model's faults ([`Fault`], one name for both:
 //! a run's fault is compared with the model's column of that name), each on
-//! the real processes and network:
+//! the real processes and network. One is not the same fault on both
+//! sides: the model's `partition` cuts one node from every client, the
+//! nemesis cuts chosen client-node pairs (some clients still reach the
+//! node), so its verdicts are compared with that column as the nearest.
+//! Tables list the faults in the model's column order.
 //!
 //! - **`none`**: no fault: contention only.
 //! - **`crash`**: `docker kill --signal KILL` of a client container as it
