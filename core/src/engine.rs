@@ -629,10 +629,17 @@ pub(crate) const GUARD_WAIT_MS: u64 = 10;
 /// digest of it taken when it last changed, so that hashing a machine
 /// (once per state) does not read them either. Two recipes are equal when
 /// their contents are.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct Shared<R> {
     recipe: Arc<R>,
     digest: u64,
+}
+
+/// Prints as the recipe alone.
+impl<R: Debug> Debug for Shared<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.recipe.fmt(f)
+    }
 }
 
 impl<R: Recipe> Shared<R> {

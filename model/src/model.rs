@@ -646,7 +646,8 @@ impl<T: Eq> Eq for Part<T> {}
 
 impl<T: Hash> Part<T> {
     fn digest(&self) -> u64 {
-        // Fixed seeds: the same element has the same digest in every run.
+        // Fixed seeds: the same element has the same digest in every run
+        // of one build (nothing keeps a digest beyond its run).
         *self.digest.get_or_init(|| {
             ahash::RandomState::with_seeds(0x6c6f_636b, 0x7772_6967, 0x6874, 0x7061_7274)
                 .hash_one(&self.value)
