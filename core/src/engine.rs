@@ -29,7 +29,7 @@ use crate::sim::SplitMix64;
 use crate::time::Millis;
 use std::collections::VecDeque;
 use std::fmt::Debug;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------
@@ -623,73 +623,13 @@ enum State<S> {
 /// acquire: the book's `acquire_timeout=.01`.
 pub(crate) const GUARD_WAIT_MS: u64 = 10;
 
-/// A recipe as a machine keeps it: shared by the machine's clones until
-/// one of them takes a new token, so that a clone (the model checker makes
-/// one per step) copies none of its keys and scripts, and hashed by a
-/// digest of it taken when it last changed, so that hashing a machine
-/// (once per state) does not read them either. Two recipes are equal when
-/// their contents are.
-#[derive(Clone)]
-struct Shared<R> {
-    recipe: Arc<R>,
-    digest: u64,
-}
-
-/// Prints as the recipe alone.
-impl<R: Debug> Debug for Shared<R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.recipe.fmt(f)
-    }
-}
-
-impl<R: Recipe> Shared<R> {
-    fn new(recipe: R) -> Shared<R> {
-        let digest = Self::digest_of(&recipe);
-        Shared {
-            recipe: Arc::new(recipe),
-            digest,
-        }
-    }
-
-    fn digest_of(recipe: &R) -> u64 {
-        let mut hasher = std::hash::DefaultHasher::new();
-        recipe.hash(&mut hasher);
-        hasher.finish()
-    }
-
-    /// [`Recipe::retoken`], on this machine's own copy.
-    fn retoken(&mut self, token: &Token) {
-        Arc::make_mut(&mut self.recipe).retoken(token);
-        self.digest = Self::digest_of(&self.recipe);
-    }
-}
-
-impl<R> std::ops::Deref for Shared<R> {
-    type Target = R;
-    fn deref(&self) -> &R {
-        &self.recipe
-    }
-}
-
-impl<R: PartialEq> PartialEq for Shared<R> {
-    fn eq(&self, other: &Shared<R>) -> bool {
-        self.digest == other.digest
-            && (Arc::ptr_eq(&self.recipe, &other.recipe) || self.recipe == other.recipe)
-    }
-}
-
-impl<R: Eq> Eq for Shared<R> {}
-
-impl<R> Hash for Shared<R> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.digest);
-    }
-}
-
 /// The shared single-node machine around a [`Recipe`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Engine<R: Recipe> {
-    recipe: Shared<R>,
+    /// Shared by the machine's clones until one of them takes a new
+    /// token, so that a clone (the model checker makes one per step)
+    /// copies none of its keys and scripts.
+    recipe: Arc<R>,
     /// The owner token of the next acquire and of the hold it gets: the
     /// given one, or `given.n` after `n` unanswered releases.
     token: Token,
@@ -755,7 +695,7 @@ impl<R: Recipe> Engine<R> {
     /// An idle machine running `recipe`.
     pub(crate) fn new(recipe: R, c: EngineConfig) -> Engine<R> {
         Engine {
-            recipe: Shared::new(recipe),
+            recipe: Arc::new(recipe),
             given: c.token.clone(),
             renamed: 0,
             one_token: false,
@@ -1169,7 +1109,7 @@ impl<R: Recipe> Engine<R> {
         }
         self.renamed = self.renamed.saturating_add(1);
         self.token = Token::new(format!("{}.{}", self.given.0, self.renamed));
-        self.recipe.retoken(&self.token);
+        Arc::make_mut(&mut self.recipe).retoken(&self.token);
     }
 
     fn finish_release(&mut self, now: Millis, ours: bool, then: Then) {
