@@ -6,16 +6,19 @@
 //! check in the manner of Jepsen's etcd lock tests:
 //!
 //! - **mutual exclusion** ([`History::overlaps`]): more than `limit` holds
-//!   inside their critical sections at one instant. A hold is inside from its
-//!   grant until the earlier of its release and its validity, and, beyond
-//!   that, until its last protected write: a client that writes after its
-//!   validity ran out (a paused client that resumes) still believed it held.
+//!   inside their critical sections at one instant. A hold is inside by the
+//!   rule the model and the simulator use (`lockwright_model::inside`): from
+//!   its grant until the earlier of its release and its validity, and,
+//!   beyond that, until its last protected write: a client that writes
+//!   after its validity ran out (a paused client that resumes) still
+//!   believed it held.
 //! - **fenced resource** ([`History::stale_writes`]): a write accepted from a
 //!   hold that was superseded (in grant order) by a hold whose write the
 //!   resource had already accepted: the lost update.
 //! - **owner only** ([`History::foreign_removals`]): a client's release or
 //!   extend removed another client's hold, as observed on the server.
 
+use lockwright_model::inside::Stay;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -196,48 +199,75 @@ impl History {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Every hold, in grant order.
+    /// Every hold, in grant order, each ending by the shared inside rule
+    /// (`lockwright_model::inside::Stay`): at the first of its release or
+    /// leave, the client's next grant, and its validity's end, or its last
+    /// protected write when that came after the validity's end (the sign
+    /// of a holder that could not see its clock: a pause).
     pub fn holds(&self) -> Vec<Hold> {
+        struct Open {
+            index: usize,
+            left: Option<u64>,
+            last_write: Option<u64>,
+        }
         let entries = self.entries();
         let mut holds: Vec<Hold> = Vec::new();
-        // Index in `holds` of each client's current hold.
+        let mut stays: Vec<Open> = Vec::new();
+        // Index in `stays` of each client's current hold.
         let mut current: Vec<(String, usize)> = Vec::new();
         for entry in &entries {
             let open = current
                 .iter()
-                .find(|(client, _)| *client == entry.client)
-                .map(|(_, index)| *index);
+                .position(|(client, _)| *client == entry.client);
             match &entry.op {
                 Op::Grant {
                     fence,
                     valid_until_us,
                 } => {
+                    if let Some(at) = open {
+                        stays[current.remove(at).1].left = Some(entry.at_us);
+                    }
                     let rank = holds.len();
                     holds.push(Hold {
                         client: entry.client.clone(),
                         rank,
                         from_us: entry.at_us,
-                        to_us: (*valid_until_us).max(entry.at_us),
+                        to_us: *valid_until_us,
                         fence: *fence,
                     });
-                    current.retain(|(client, _)| *client != entry.client);
+                    stays.push(Open {
+                        index: rank,
+                        left: None,
+                        last_write: None,
+                    });
                     current.push((entry.client.clone(), rank));
                 }
                 Op::Release | Op::Leave => {
-                    if let Some(index) = open {
-                        let hold = &mut holds[index];
-                        hold.to_us = hold.to_us.min(entry.at_us).max(hold.from_us);
-                        current.retain(|(client, _)| *client != entry.client);
+                    if let Some(at) = open {
+                        stays[current.remove(at).1].left = Some(entry.at_us);
                     }
                 }
                 Op::Write { .. } => {
-                    if let Some(index) = open {
-                        let hold = &mut holds[index];
-                        hold.to_us = hold.to_us.max(entry.at_us);
+                    if let Some(at) = open {
+                        stays[current[at].1].last_write = Some(entry.at_us);
                     }
                 }
                 Op::Denied | Op::RemovedHoldOf { .. } => {}
             }
+        }
+        for stay in stays {
+            let hold = &mut holds[stay.index];
+            let validity_ends = hold.to_us;
+            hold.to_us = Stay {
+                from: hold.from_us,
+                validity_ends,
+                left: stay.left,
+                stuck: stay
+                    .last_write
+                    .filter(|w| *w > validity_ends)
+                    .map(|w| (validity_ends, w)),
+            }
+            .end();
         }
         holds
     }

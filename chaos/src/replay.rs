@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use lockwright_core::keyspace::script::strip_script_location;
 use lockwright_core::keyspace::{Entry, Reply, Value};
-use lockwright_core::sim::SplitMix64;
+use lockwright_core::rng::SplitMix64;
 use lockwright_core::ProtocolId;
 use lockwright_core::{Millis, Outcome};
 use lockwright_model::cache::Cache;

@@ -25,7 +25,7 @@ use crate::protocol::{
     Acquire, Event, Extension, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request,
     RequestId, Token, UsageError,
 };
-use crate::sim::SplitMix64;
+use crate::rng::SplitMix64;
 use crate::time::Millis;
 use std::collections::VecDeque;
 use std::fmt::Debug;

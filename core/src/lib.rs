@@ -8,12 +8,11 @@
 //! - a pure model of the Redis keyspace those protocols use
 //!   ([`keyspace::Keyspace`]), with expiry judged against each node's own
 //!   clock, so that a model checker can skew, jump and restart nodes;
-//! - the Lua scripts, stored once ([`keyspace::Script`]);
-//! - a deterministic simulator ([`sim`]) that runs several machines against
-//!   several keyspace nodes.
+//! - the Lua scripts, stored once ([`keyspace::Script`]).
 //!
-//! The same machines are driven by the stateright model (`lockwright-model`),
-//! the Redis adapter (`lockwright-redis`) and any other front end.
+//! The same machines are driven by the stateright model and the
+//! deterministic simulator (`lockwright-model`), the Redis adapter
+//! (`lockwright-redis`) and any other front end.
 //!
 //! ## Driving a machine
 //!
@@ -61,8 +60,8 @@ pub(crate) mod engine;
 pub mod keyspace;
 pub mod locks;
 pub mod protocol;
+pub mod rng;
 pub mod semaphores;
-pub mod sim;
 pub mod stampede;
 pub mod time;
 

@@ -17,8 +17,8 @@
 //! # Soundness
 //!
 //! The key is [`SOURCE_FINGERPRINT`] (a hash, made by `model/build.rs`, of
-//! `core/src/**`, `model/src/**` but for the four files that take no part
-//! in checking a cell (`trace.rs`, `docs.rs`, `main.rs`, `pairs.rs`), the manifests,
+//! `core/src/**`, `model/src/**` but for the sources that take no part
+//! in checking a cell (`trace.rs`, `docs/`, `main.rs`, `pairs.rs`, `sim.rs`), the manifests,
 //! `Cargo.lock` and the
 //! compiler's version), this file format's version, and the run's own
 //! inputs: the whole [`ModelConfig`](crate::ModelConfig) (bounds and

@@ -17,13 +17,20 @@
 //! needs it, for as long as the sources stay the same;
 //! [`trace`] prints a counterexample step by step and draws it as an SVG
 //! sequence diagram. The `lockwright` binary is the command line.
+//!
+//! [`sim`] runs the same machines in a deterministic discrete-event
+//! simulator instead: random runs with latency, loss and scheduled faults,
+//! far longer than the checker's bounds, judged by the same rule of who is
+//! inside ([`inside`]).
 
 pub mod cache;
 pub mod docs;
 pub mod fault;
+pub mod inside;
 pub mod matrix;
 pub mod model;
 pub mod pairs;
+pub mod sim;
 pub mod trace;
 
 /// The allocator for programs that run the checker, to be declared by each

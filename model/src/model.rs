@@ -387,7 +387,10 @@ pub fn standard_clients(protocol: ProtocolId) -> u8 {
 /// `tests/clients.rs` repeats that comparison within its cap.
 pub const PROGRESS_CLIENTS: u8 = 2;
 
-/// A client clock: `offset + true·num/den`.
+/// A clock: `offset + true·num/den`, read in whole milliseconds. The
+/// model's clients run on one; so do the simulator's clients and nodes
+/// ([`crate::sim`]), where the rate is given in parts per thousand
+/// ([`ClientClock::with_rate_ppt`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ClientClock {
     /// Reading at true time 0.
@@ -398,12 +401,30 @@ pub struct ClientClock {
     pub den: u64,
 }
 
+impl Default for ClientClock {
+    /// [`ClientClock::EXACT`].
+    fn default() -> Self {
+        ClientClock::EXACT
+    }
+}
+
 impl ClientClock {
-    const EXACT: ClientClock = ClientClock {
+    /// True time, from zero.
+    pub const EXACT: ClientClock = ClientClock {
         offset: 0,
         num: 1,
         den: 1,
     };
+
+    /// A clock reading `offset` at true time zero and running at `ppt`
+    /// parts per thousand of true time (1000 exact, 1010 1 % fast).
+    pub fn with_rate_ppt(offset: u64, ppt: u64) -> ClientClock {
+        ClientClock {
+            offset,
+            num: ppt,
+            den: 1000,
+        }
+    }
 
     /// The reading at true time `t`.
     pub fn at(self, t: u64) -> Millis {
@@ -467,15 +488,27 @@ pub struct ClientState {
 }
 
 impl ClientState {
-    /// Inside its critical section at true time `t`: it believes it holds
-    /// and has not left. A well-behaved client leaves when its own clock
-    /// says its validity is over, unless it is paused and cannot.
+    /// Inside its critical section at true time `t`, by the shared rule
+    /// ([`crate::inside`]): it believes it holds (holding or checked, not
+    /// crashed) and its clock reads before its validity's end, or it is
+    /// stuck. Here stuck is paused: a running holder must act at the
+    /// instant its validity ends (it is an obligation, see
+    /// [`LockModel::next_instant`]: time cannot pass it before the holder
+    /// checks and leaves), and a checked holder writes at the instant it
+    /// checked, so a paused holder whose clock is past its validity was
+    /// paused when the validity ended.
     pub(crate) fn inside(&self, t: u64) -> bool {
-        let lease = match &self.phase {
-            Phase::Holding(lease) | Phase::Checked(lease) => lease,
-            _ => return false,
+        let (holds, within_validity) = match &self.phase {
+            Phase::Holding(lease) | Phase::Checked(lease) => {
+                (!self.crashed, self.clock.at(t) < lease.valid_until)
+            }
+            _ => (false, false),
         };
-        !self.crashed && (self.paused || self.clock.at(t) < lease.valid_until)
+        crate::inside::inside(crate::inside::Holder {
+            holds,
+            within_validity,
+            stuck: self.paused,
+        })
     }
 
     fn runs(&self) -> bool {
@@ -2175,6 +2208,24 @@ pub fn reply_text(r: &Reply) -> String {
 mod tests {
     use super::*;
     use std::hash::{BuildHasher, BuildHasherDefault};
+
+    #[test]
+    fn clocks_convert_both_ways() {
+        let fast = ClientClock::with_rate_ppt(100, 1_500);
+        assert_eq!(fast.at(0), Millis(100));
+        assert_eq!(fast.at(10), Millis(115));
+        // The first true instant at which the reading reaches 116 is 11.
+        assert_eq!(fast.true_time_of(Millis(116)), Some(11));
+        assert_eq!(fast.at(11), Millis(116));
+        assert_eq!(fast.true_time_of(Millis(50)), Some(0));
+        let slow = ClientClock::with_rate_ppt(0, 999);
+        for reading in [1, 998, 999, 1_000, 123_457] {
+            let t = slow.true_time_of(Millis(reading)).unwrap();
+            assert!(slow.at(t) >= Millis(reading));
+            assert!(slow.at(t - 1) < Millis(reading));
+        }
+        assert_eq!(ClientClock::default(), ClientClock::EXACT);
+    }
 
     #[test]
     fn parts_print_and_compare_as_the_vector_they_stand_for() {

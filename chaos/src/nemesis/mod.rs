@@ -78,12 +78,12 @@ impl FromStr for Mutation {
 /// A small seeded generator (the core's SplitMix64): the schedule and the
 /// clients' choices replay from the seed.
 #[derive(Clone, Debug)]
-pub struct Rng(lockwright_core::sim::SplitMix64);
+pub struct Rng(lockwright_core::rng::SplitMix64);
 
 impl Rng {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Rng {
-        Rng(lockwright_core::sim::SplitMix64(seed))
+        Rng(lockwright_core::rng::SplitMix64(seed))
     }
 
     /// The next 64 random bits.

@@ -51,10 +51,10 @@
 //!     Releasing --> [*]: ZREM from both sets / Released
 //! ```
 
-use super::{item, score};
+use super::{item, purge_expired, score};
 use crate::config::{Config, ConfigError};
 use crate::engine::{engine_machine, unexpected, Engine, EngineConfig, Next, Op, Recipe};
-use crate::keyspace::{Command, Reply, ScoreBound};
+use crate::keyspace::{Command, Reply};
 use crate::protocol::Token;
 use crate::time::Millis;
 
@@ -121,11 +121,7 @@ impl Recipe for FairRecipe {
         match op {
             Op::Acquire => (
                 Command::Transaction(vec![
-                    Command::ZRemRangeByScore {
-                        key: self.sem.clone(),
-                        min: ScoreBound::NegInf,
-                        max: ScoreBound::Exclusive(now.saturating_sub(self.ttl_ms)),
-                    },
+                    purge_expired(&self.sem, now, self.ttl_ms),
                     Command::ZInterStore {
                         dest: self.owner.clone(),
                         keys: vec![self.owner.clone(), self.sem.clone()],

@@ -24,7 +24,7 @@ pub mod time_fenced_semaphore;
 pub mod watch_semaphore;
 pub mod zset_semaphore;
 
-use crate::keyspace::Reply;
+use crate::keyspace::{Command, Reply, ScoreBound};
 use crate::time::Millis;
 
 /// A client timestamp as a sorted-set score.
@@ -37,5 +37,16 @@ pub(crate) fn item(reply: &Reply, len: usize, index: usize) -> Option<&Reply> {
     match reply {
         Reply::Array(items) if items.len() == len => items.get(index),
         _ => None,
+    }
+}
+
+/// The first command of the book's ZSET semaphores' acquire: drop every
+/// holder whose timestamp is older than the TTL at `now`
+/// (`ZREMRANGEBYSCORE sem -inf (now-ttl`).
+pub(crate) fn purge_expired(sem: &str, now: i64, ttl_ms: i64) -> Command {
+    Command::ZRemRangeByScore {
+        key: sem.to_owned(),
+        min: ScoreBound::NegInf,
+        max: ScoreBound::Exclusive(now.saturating_sub(ttl_ms)),
     }
 }

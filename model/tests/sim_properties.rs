@@ -1,12 +1,13 @@
 //! Properties of the catalogue's locks, checked on random schedules of the
-//! deterministic simulator (`lockwright_core::sim`), and properties of the
+//! deterministic simulator (`lockwright_model::sim`), and properties of the
 //! simulator itself.
 
 use lockwright_core::keyspace::Command;
-use lockwright_core::sim::{
-    ClientId, ClockSpec, Drop, Fault, History, Sim, SimConfig, What, Workload,
-};
 use lockwright_core::{Config, Event, Millis, ProtocolId};
+use lockwright_model::model::ClientClock;
+use lockwright_model::sim::{
+    ClientId, History, Sim, SimConfig, Strike, Undelivered, What, Workload,
+};
 use proptest::prelude::*;
 
 /// A schedule without faults: random seed, clients, latency and clock offsets
@@ -44,11 +45,8 @@ fn schedule() -> impl Strategy<Value = Schedule> {
         )
 }
 
-fn exact_from(offset_ms: u64) -> ClockSpec {
-    ClockSpec {
-        offset_ms,
-        rate_ppt: 1000,
-    }
+fn exact_from(offset_ms: u64) -> ClientClock {
+    ClientClock::with_rate_ppt(offset_ms, 1000)
 }
 
 fn run_schedule(protocol: ProtocolId, nodes: u8, s: &Schedule) -> History {
@@ -345,7 +343,7 @@ fn the_simulators_reply_timeout_gives_up_and_discards_the_late_reply() {
                 (
                     Millis(8),
                     What::Dropped {
-                        why: Drop::LateReply,
+                        why: Undelivered::LateReply,
                         ..
                     }
                 )
@@ -369,7 +367,7 @@ fn a_node_restart_without_persistence_lets_a_second_holder_in() {
                 hold_ms: (150, 200),
                 ..Workload::default()
             },
-            faults: vec![Fault::NodeRestart {
+            faults: vec![Strike::NodeRestart {
                 node: lockwright_core::NodeId(0),
                 at: Millis(60),
                 down_ms: 5,
@@ -397,13 +395,7 @@ fn a_slow_client_clock_overstays_its_lease() {
     };
     let cfg = SimConfig {
         clients: 2,
-        client_clock: vec![
-            ClockSpec {
-                offset_ms: 0,
-                rate_ppt: 500,
-            },
-            ClockSpec::default(),
-        ],
+        client_clock: vec![ClientClock::with_rate_ppt(0, 500), ClientClock::EXACT],
         workload: Workload {
             start_ms: (0, 0),
             hold_ms: (1_000, 1_000),
@@ -421,7 +413,7 @@ fn a_slow_client_clock_overstays_its_lease() {
 
 #[test]
 fn bad_simulator_configurations_are_typed_errors() {
-    use lockwright_core::sim::SimError;
+    use lockwright_model::sim::SimError;
     let base = SimConfig::new(ProtocolId::SetPxLua, Config::new("orders"));
     let err = |cfg: SimConfig| Sim::new(cfg).err();
     assert_eq!(
@@ -447,7 +439,7 @@ fn bad_simulator_configurations_are_typed_errors() {
     );
     assert!(matches!(
         err(SimConfig {
-            faults: vec![Fault::ClientCrash {
+            faults: vec![Strike::ClientCrash {
                 client: ClientId(9),
                 at: Millis(0)
             }],
@@ -476,7 +468,7 @@ fn crash_while_holding(protocol: ProtocolId) -> History {
             hold_ms: (1_000, 1_000),
             think_ms: (0, 0),
         },
-        faults: vec![Fault::ClientCrash {
+        faults: vec![Strike::ClientCrash {
             client: ClientId(0),
             at: Millis(20),
         }],
@@ -485,7 +477,7 @@ fn crash_while_holding(protocol: ProtocolId) -> History {
     };
     let mut cfg = cfg;
     // c1 starts 10 ms later: it is paused until then.
-    cfg.faults.push(Fault::ClientPause {
+    cfg.faults.push(Strike::ClientPause {
         client: ClientId(1),
         at: Millis(0),
         for_ms: 10,
@@ -533,6 +525,69 @@ fn a_paused_client_handles_nothing_until_the_pause_ends() {
         .find(|e| e.client == Some(ClientId(1)) && !matches!(e.what, What::ClientPaused { .. }))
         .expect("c1 does something");
     assert_eq!(c1_first.at, Millis(10), "{h}");
+}
+
+/// c0 holds for a long time and c1 waits; c0 is paused from `pause_at` for
+/// 400 ms. With a 200 ms TTL, c0's validity ends at about 188 ms.
+fn pause_while_holding(pause_at: u64) -> History {
+    let config = Config {
+        ttl_ms: 200,
+        ..Config::new("orders")
+    };
+    let cfg = SimConfig {
+        clients: 2,
+        latency_ms: (1, 1),
+        workload: Workload {
+            start_ms: (0, 0),
+            acquire_timeout_ms: Some(5_000),
+            hold_ms: (1_000, 1_000),
+            think_ms: (1_000, 1_000),
+        },
+        faults: vec![
+            Strike::ClientPause {
+                client: ClientId(1),
+                at: Millis(0),
+                for_ms: 10,
+            },
+            Strike::ClientPause {
+                client: ClientId(0),
+                at: Millis(pause_at),
+                for_ms: 400,
+            },
+        ],
+        horizon_ms: 1_000,
+        ..SimConfig::new(ProtocolId::SetPxLua, config)
+    };
+    Sim::new(cfg).expect("a valid configuration").run()
+}
+
+/// The inside rule shared with the model (`lockwright_model::inside`): a
+/// holder paused when its validity ends cannot see its clock and stays
+/// inside until the pause ends, so c1, granted once c0's key expired, is
+/// inside beside it; a pause that begins after the validity's end does
+/// not bring c0 back. Without the pause in `History::holds` the first run
+/// shows one holder.
+#[test]
+fn a_holder_paused_over_its_validitys_end_is_inside_until_the_pause_ends() {
+    let h = pause_while_holding(100);
+    assert_eq!(acquired_at(&h, ClientId(0)).len(), 1, "{h}");
+    assert!(
+        acquired_at(&h, ClientId(1))
+            .first()
+            .is_some_and(|t| *t < Millis(500)),
+        "c1 gets the lock once c0's key expires, during c0's pause\n{h}"
+    );
+    assert_eq!(h.max_concurrent_holders(), 2, "{h}");
+    let c0 = h
+        .holds()
+        .into_iter()
+        .find(|s| s.client == ClientId(0))
+        .unwrap();
+    assert_eq!(c0.to, Millis(500), "{h}");
+
+    let h = pause_while_holding(250);
+    assert!(!acquired_at(&h, ClientId(1)).is_empty(), "{h}");
+    assert_eq!(h.max_concurrent_holders(), 1, "{h}");
 }
 
 /// `ProtocolId::uses_watch` is what drivers use to decide whether a hold may
