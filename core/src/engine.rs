@@ -323,20 +323,75 @@ impl Standing {
 // ---------------------------------------------------------------------------
 
 /// Request ids of a machine's own requests are even, those of a machine it
-/// embeds (a guard lock) odd, so that both can number from zero without
-/// colliding.
-pub(crate) fn own_id(id: RequestId) -> RequestId {
+/// embeds (the engine's guard lock, a stampede guard's per-key lock) odd, so
+/// that both can number from zero without colliding. The outer machine
+/// routes every input and output through the four functions below and
+/// never sees an outer id itself.
+fn own_id(id: RequestId) -> RequestId {
     RequestId(id.0.wrapping_mul(2))
 }
 
 /// The outer id of a request of an embedded machine.
-pub(crate) fn inner_id(id: RequestId) -> RequestId {
+fn inner_id(id: RequestId) -> RequestId {
     RequestId(id.0.wrapping_mul(2).wrapping_add(1))
 }
 
 /// Split an outer id: `(is the embedded machine's, its own id)`.
-pub(crate) fn split_id(id: RequestId) -> (bool, RequestId) {
+fn split_id(id: RequestId) -> (bool, RequestId) {
     (id.0 % 2 == 1, RequestId(id.0 / 2))
+}
+
+/// A reply for outer id `id`: handed to the embedded machine when it is
+/// one of its requests (`None` back: pump its events), else returned with
+/// the outer machine's own id.
+pub(crate) fn route_reply(
+    embedded: &mut Option<Box<Machine>>,
+    now: Millis,
+    id: RequestId,
+    outcome: Outcome,
+) -> Option<(RequestId, Outcome)> {
+    let (is_embedded, inner) = split_id(id);
+    if !is_embedded {
+        return Some((inner, outcome));
+    }
+    if let Some(machine) = embedded.as_mut() {
+        machine.handle_reply(now, inner, outcome);
+    }
+    None
+}
+
+/// Hand the embedded machine its timeout if it is due; `true` when it ran
+/// (pump its events).
+pub(crate) fn embedded_timeout(embedded: &mut Option<Box<Machine>>, now: Millis) -> bool {
+    match embedded.as_mut() {
+        Some(machine) if machine.poll_timeout().is_some_and(|t| t <= now) => {
+            machine.handle_timeout(now);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The next request to send, the embedded machine's first, with its outer
+/// id.
+pub(crate) fn poll_both(embedded: &mut Option<Box<Machine>>, own: &mut Outbox) -> Option<Request> {
+    if let Some(mut request) = embedded.as_mut().and_then(|m| m.poll_transmit()) {
+        request.id = inner_id(request.id);
+        return Some(request);
+    }
+    let mut request = own.poll_transmit()?;
+    request.id = own_id(request.id);
+    Some(request)
+}
+
+/// The earlier of the outer machine's deadline `own` and the embedded
+/// machine's.
+pub(crate) fn earliest(embedded: &Option<Box<Machine>>, own: Option<Millis>) -> Option<Millis> {
+    let inner = embedded.as_ref().and_then(|m| m.poll_timeout());
+    match (own, inner) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// The reply of `outcome`, or why there is none: an error reply (also one
@@ -1186,23 +1241,15 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
-        let (is_guard, inner) = split_id(id);
-        if is_guard {
-            if let Some(guard) = self.guard.as_mut() {
-                guard.handle_reply(now, inner, outcome);
-                self.pump_guard(now);
-            }
-            return;
+        match route_reply(&mut self.guard, now, id, outcome) {
+            Some((own, outcome)) => self.handle_own_reply(now, own, outcome),
+            None => self.pump_guard(now),
         }
-        self.handle_own_reply(now, inner, outcome);
     }
 
     fn handle_timeout(&mut self, now: Millis) {
-        if let Some(guard) = self.guard.as_mut() {
-            if guard.poll_timeout().is_some_and(|t| t <= now) {
-                guard.handle_timeout(now);
-                self.pump_guard(now);
-            }
+        if embedded_timeout(&mut self.guard, now) {
+            self.pump_guard(now);
         }
         let due = self.base.due(now);
         for timer in due {
@@ -1230,13 +1277,7 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn poll_transmit(&mut self) -> Option<Request> {
-        if let Some(mut request) = self.guard.as_mut().and_then(|g| g.poll_transmit()) {
-            request.id = inner_id(request.id);
-            return Some(request);
-        }
-        let mut request = self.base.out.poll_transmit()?;
-        request.id = own_id(request.id);
-        Some(request)
+        poll_both(&mut self.guard, &mut self.base.out)
     }
 
     fn poll_event(&mut self) -> Option<Event> {
@@ -1244,11 +1285,7 @@ impl<R: Recipe> Protocol for Engine<R> {
     }
 
     fn poll_timeout(&self) -> Option<Millis> {
-        let guard = self.guard.as_ref().and_then(|g| g.poll_timeout());
-        match (self.base.timers.next(), guard) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(&self.guard, self.base.timers.next())
     }
 
     fn lease(&self) -> Option<&Lease> {

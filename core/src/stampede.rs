@@ -29,7 +29,10 @@
 
 use crate::catalogue::{Kind, Machine, ProtocolId};
 use crate::config::{Config, ConfigError, MAX_TTL_MS};
-use crate::engine::{inner_id, own_id, reply_of, split_id, Backoff, Outbox, Timer, TimerTable};
+use crate::engine::{
+    earliest, embedded_timeout, poll_both, reply_of, route_reply, Backoff, Outbox, Timer,
+    TimerTable,
+};
 use crate::keyspace::{Command, Reply, SetCondition, SetExpiry};
 use crate::protocol::{
     Acquire, Event, Lease, NodeId, Outcome, Protocol, ProtocolError, Request, RequestId, Token,
@@ -238,14 +241,14 @@ impl StampedeGuard {
 
     /// A reply, or an unknown outcome, for request `id`.
     pub fn handle_reply(&mut self, now: Millis, id: RequestId, outcome: Outcome) {
-        let (is_lock, inner) = split_id(id);
-        if is_lock {
-            if let Some(lock) = self.lock.as_mut() {
-                lock.handle_reply(now, inner, outcome);
-                self.pump_lock(now);
-            }
-            return;
+        match route_reply(&mut self.lock, now, id, outcome) {
+            Some((own, outcome)) => self.handle_own_reply(now, own, outcome),
+            None => self.pump_lock(now),
         }
+    }
+
+    /// A reply, or an unknown outcome, for the guard's own request `inner`.
+    fn handle_own_reply(&mut self, now: Millis, inner: RequestId, outcome: Outcome) {
         let current = match &self.state {
             State::Reading { req, .. } | State::Rereading { req, .. } | State::Filling { req } => {
                 *req
@@ -303,11 +306,8 @@ impl StampedeGuard {
 
     /// The clock reached (or passed) the instant [`StampedeGuard::poll_timeout`] gave.
     pub fn handle_timeout(&mut self, now: Millis) {
-        if let Some(lock) = self.lock.as_mut() {
-            if lock.poll_timeout().is_some_and(|t| t <= now) {
-                lock.handle_timeout(now);
-                self.pump_lock(now);
-            }
+        if embedded_timeout(&mut self.lock, now) {
+            self.pump_lock(now);
         }
         let due = self.timers.expire(now);
         for timer in due {
@@ -324,8 +324,8 @@ impl StampedeGuard {
                 (Timer::LoadDeadline, State::Loading { .. }) => self.load_timed_out(),
                 (Timer::Reply, State::Reading { req, .. } | State::Rereading { req, .. })
                 | (Timer::Reply, State::Filling { req }) => {
-                    let id = own_id(*req);
-                    self.handle_reply(now, id, Outcome::Unknown);
+                    let req = *req;
+                    self.handle_own_reply(now, req, Outcome::Unknown);
                 }
                 _ => {}
             }
@@ -337,13 +337,7 @@ impl StampedeGuard {
     /// The next request to execute.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Request> {
-        if let Some(mut request) = self.lock.as_mut().and_then(|l| l.poll_transmit()) {
-            request.id = inner_id(request.id);
-            return Some(request);
-        }
-        let mut request = self.out.poll_transmit()?;
-        request.id = own_id(request.id);
-        Some(request)
+        poll_both(&mut self.lock, &mut self.out)
     }
 
     /// The next event for the application.
@@ -355,11 +349,7 @@ impl StampedeGuard {
     /// When to call [`StampedeGuard::handle_timeout`] next, if at all.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
-        let lock = self.lock.as_ref().and_then(|l| l.poll_timeout());
-        match (self.timers.next(), lock) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(&self.lock, self.timers.next())
     }
 
     /// Is a `get_or_load` in progress?

@@ -16,6 +16,7 @@
 use lockwright_core::keyspace::{
     Command, ConnId, Keyspace, ScoreBound, Script, SetCondition, SetExpiry,
 };
+use lockwright_core::rng::SplitMix64;
 use lockwright_core::{
     Acquire, ClockUse, Config, Extension, Machine, Millis, Outcome, Protocol, ProtocolId, Request,
     Token,
@@ -25,22 +26,6 @@ use std::collections::BTreeSet;
 /// The server clock of every node, in every run: independent of the
 /// clients' clocks.
 const SERVER_BASE: u64 = 1_700_000_000_000;
-
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// What a run saw.
 #[derive(Debug, Default)]
@@ -93,15 +78,15 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
     let mut in_flight: Vec<Vec<Request>> = vec![Vec::new(); clients];
     // Requests followed by a later one of the same client to the same node.
     let mut superseded = BTreeSet::new();
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64(seed);
     let mut run = Run::default();
     let mut t = 0u64;
     let now = |t: u64| Millis(client_base + t);
 
     for _ in 0..400 {
-        let c = rng.below(clients as u64) as usize;
+        let c = (rng.next_u64() % clients as u64) as usize;
         let m = &mut machines[c];
-        match rng.below(10) {
+        match rng.next_u64() % 10 {
             0 => {
                 let _ = m.acquire(now(t), Acquire::Until(now(t + 3_000)));
             }
@@ -116,7 +101,7 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
             }
             4 => {
                 // Time passes, up to the next timer of some client or a bit.
-                let step = 1 + rng.below(400);
+                let step = 1 + rng.next_u64() % 400;
                 let next = machines
                     .iter()
                     .filter_map(|m| m.poll_timeout())
@@ -137,11 +122,11 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
                 if !in_flight[c].is_empty() {
                     // A node runs one client's requests in the order sent;
                     // across nodes, any order.
-                    let picked = rng.below(in_flight[c].len() as u64) as usize;
+                    let picked = (rng.next_u64() % in_flight[c].len() as u64) as usize;
                     let node = in_flight[c][picked].node;
                     let oldest = in_flight[c].iter().position(|r| r.node == node);
                     let request = in_flight[c].remove(oldest.unwrap_or(picked));
-                    let runs = pick != 9 || rng.below(2) == 0;
+                    let runs = pick != 9 || rng.next_u64().is_multiple_of(2);
                     let reply = runs.then(|| {
                         nodes[usize::from(request.node.0)].execute(
                             ConnId(c as u32),

@@ -416,6 +416,18 @@ impl ClientClock {
         den: 1,
     };
 
+    /// The skewed clock of [`Fault::ClientSkew`] for a TTL of `ttl` ms:
+    /// half a TTL ahead and 1 % slow, within RedLock's drift allowance
+    /// (`ttl/100 + 2` ms) over one TTL. The chaos nemesis sets its skewed
+    /// clients' clocks from it.
+    pub const fn skewed(ttl: u64) -> ClientClock {
+        ClientClock {
+            offset: ttl / 2,
+            num: 99,
+            den: 100,
+        }
+    }
+
     /// A clock reading `offset` at true time zero and running at `ppt`
     /// parts per thousand of true time (1000 exact, 1010 1 % fast).
     pub fn with_rate_ppt(offset: u64, ppt: u64) -> ClientClock {
@@ -1014,13 +1026,7 @@ impl LockModel {
         let clients = (0..cfg.clients)
             .map(|c| {
                 let clock = if cfg.has(Fault::ClientSkew) && c == 1 {
-                    // Half a TTL ahead and 1 % slow: within RedLock's drift
-                    // allowance (ttl/100 + 2 ms) over one TTL.
-                    ClientClock {
-                        offset: cfg.ttl / 2,
-                        num: 99,
-                        den: 100,
-                    }
+                    ClientClock::skewed(cfg.ttl)
                 } else {
                     ClientClock::EXACT
                 };

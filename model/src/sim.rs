@@ -150,6 +150,23 @@ pub enum Strike {
     },
 }
 
+impl Strike {
+    /// The model's fault class of which this strike is one instance, for
+    /// locks of `ttl_ms`: `None` for a node clock that jumps back, which
+    /// the model takes only with a restart (`clock-back`).
+    pub fn class(&self, ttl_ms: u64) -> Option<crate::Fault> {
+        use crate::Fault;
+        Some(match self {
+            Strike::NodeRestart { down_ms, .. } if *down_ms > ttl_ms => Fault::RestartDelayed,
+            Strike::NodeRestart { .. } => Fault::Restart,
+            Strike::NodeClockJump { by_ms, .. } if *by_ms > 0 => Fault::ClockJump,
+            Strike::NodeClockJump { .. } => return None,
+            Strike::ClientCrash { .. } => Fault::Crash,
+            Strike::ClientPause { .. } => Fault::Pause,
+        })
+    }
+}
+
 /// The application loop every client runs. Ranges are inclusive `(min, max)`
 /// in ms of the client's own clock, drawn uniformly.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -631,3 +631,58 @@ fn uses_watch_names_exactly_the_machines_that_send_watch() {
         );
     }
 }
+
+/// Each strike names the model's fault class it is an instance of.
+#[test]
+fn strikes_name_the_models_fault_classes() {
+    use lockwright_model::Fault;
+    let node = lockwright_core::NodeId(0);
+    let client = ClientId(0);
+    let at = Millis(5);
+    let cases = [
+        (
+            Strike::NodeRestart {
+                node,
+                at,
+                down_ms: 1,
+            },
+            Some(Fault::Restart),
+        ),
+        (
+            Strike::NodeRestart {
+                node,
+                at,
+                down_ms: 101,
+            },
+            Some(Fault::RestartDelayed),
+        ),
+        (
+            Strike::NodeClockJump {
+                node,
+                at,
+                by_ms: 150,
+            },
+            Some(Fault::ClockJump),
+        ),
+        (
+            Strike::NodeClockJump {
+                node,
+                at,
+                by_ms: -150,
+            },
+            None,
+        ),
+        (Strike::ClientCrash { client, at }, Some(Fault::Crash)),
+        (
+            Strike::ClientPause {
+                client,
+                at,
+                for_ms: 50,
+            },
+            Some(Fault::Pause),
+        ),
+    ];
+    for (strike, class) in cases {
+        assert_eq!(strike.class(100), class, "{strike:?}");
+    }
+}

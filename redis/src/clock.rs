@@ -3,7 +3,8 @@
 //! One clock for the whole process: monotonic (an `Instant` plus elapsed
 //! time, so it never jumps back), anchored once to the Unix epoch. A
 //! per-driver origin would do for leases measured by their own holder, but
-//! `setnx-getset` and `zset-semaphore` compare timestamps written by
+//! the protocols whose `ProtocolId::clock()` is `ClockUse::Shared`
+//! (`setnx-getset` and the ZSET semaphores) compare timestamps written by
 //! *different* owners (the recipes use the wall clock), so every owner must
 //! read the same clock; across processes the anchor makes them agree as far
 //! as the hosts' clocks do, which is exactly those recipes' assumption (and

@@ -23,6 +23,15 @@
 //!   write never reached the resource (abandoned, crashed, timed out), or
 //!   whose write its client saw time out, is never counted as open: no uncertainty window is guessed, so a reported
 //!   overlap is certain and a missed one is possible.
+//!
+//!   A section is the part of a client's stay inside (the rule shared by
+//!   the model, the simulator and the scenario histories,
+//!   `lockwright_model::inside`) that the resource can witness: the read
+//!   comes after the grant, and the write comes no later than the stay's
+//!   end, since by that rule a write after the validity's end extends the
+//!   stay to it. So two open sections are two stays inside at once; the
+//!   converse need not hold (a stay with no logged write, the time between
+//!   a grant and its read), which is why a missed overlap is possible.
 //! - **fenced resource** (locks only): the resource accepted a client's
 //!   write after it accepted the read of another client that entered after
 //!   that client's own accepted read: a superseded holder's write landed

@@ -96,7 +96,7 @@ impl Rng {
         if high <= low {
             return low;
         }
-        low + self.next_u64() % (high - low + 1)
+        self.0.range((low, high))
     }
 
     /// `k` distinct indices of `0..n`, in random order.

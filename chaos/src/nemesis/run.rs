@@ -85,6 +85,7 @@ use lockwright_core::catalogue::Kind;
 use lockwright_core::ProtocolId;
 use lockwright_model::fault::{Family, CLOCK_STEP_BACK};
 use lockwright_model::matrix::{expected, parse_expectations, Verdict, EXPECTATIONS};
+use lockwright_model::model::ClientClock;
 use lockwright_model::{Fault, PropertyId};
 use lockwright_redis::{Lock, LockOptions};
 use redis::AsyncConnectionConfig;
@@ -906,8 +907,12 @@ const NO_BARE_MAJORITY: &str =
 /// that for the same to hold.
 pub const FAILOVER_CLOCK_LAG_MS: u64 = 3000;
 
-/// The rate of a skewed client's clock (the model's: 1 % slow).
-pub const SKEW_RATE: f64 = 0.99;
+/// The rate of a skewed client's clock: the model's
+/// ([`ClientClock::skewed`]).
+pub const SKEW_RATE: f64 = {
+    let clock = ClientClock::skewed(0);
+    clock.num as f64 / clock.den as f64
+};
 
 /// Checks every client's clock file (`real wall monotonic width` at its
 /// start and its end, see `nemesis-client`): a client in `skewed` must read
@@ -945,7 +950,7 @@ fn check_skew(dir: &Path, config: &RunConfig, skewed: &[usize]) -> Result<Vec<St
         let ahead_ms = (start[1] - start[0]) / 1000.0;
         let is_skewed = skewed.contains(&index);
         let (want_rate, want_ahead) = if is_skewed {
-            (SKEW_RATE, config.ttl_ms as f64 / 2.0)
+            (SKEW_RATE, ClientClock::skewed(config.ttl_ms).offset as f64)
         } else {
             (1.0, 0.0)
         };
@@ -1346,8 +1351,8 @@ async fn run_in(
         "-e".to_owned(),
         format!(
             "FAKETIME=+{}.{:03} x{SKEW_RATE}",
-            config.ttl_ms / 2 / 1000,
-            config.ttl_ms / 2 % 1000
+            ClientClock::skewed(config.ttl_ms).offset / 1000,
+            ClientClock::skewed(config.ttl_ms).offset % 1000
         ),
     ];
     for index in 0..config.clients {

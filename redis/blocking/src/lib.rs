@@ -14,7 +14,12 @@
 //! outcome is unknown is never resent), `EVALSHA` with the `EVAL` fallback on
 //! `NOSCRIPT`. What it leaves out: TLS, AUTH, RESP3, automatic renewal
 //! (timers fire only inside calls: leave `auto_renew` off and call
-//! [`Guard::extend`]).
+//! [`Guard::extend`]), and the removal of a hold that an unanswered acquire
+//! of a single-node lock may have written under the lock's token (see
+//! `docs/driving.md`, "What the loop must not do"): such a hold stands
+//! until its TTL runs out, and until then this lock is not granted to
+//! anyone, itself included (`lockwright-redis` removes it and retries
+//! under a new token).
 //!
 //! ```no_run
 //! use lockwright_blocking::Lock;
