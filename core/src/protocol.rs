@@ -164,7 +164,10 @@ pub enum Event {
         /// The application's [`Protocol::extend`] or an automatic renewal.
         by: Extension,
     },
-    /// The hold is gone: validity ran out, or renewal found it taken.
+    /// The hold is gone: validity ran out, or renewal found it taken. It
+    /// concludes the application's `extend` if one is in flight, and no
+    /// other operation: an acquire or a release in flight goes on to an
+    /// event of its own.
     Lost,
     /// The application's operation failed with an error. After an acquire
     /// or a release the machine is idle again (any partial hold it may have

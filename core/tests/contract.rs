@@ -18,8 +18,8 @@ use lockwright_core::keyspace::{
 };
 use lockwright_core::rng::SplitMix64;
 use lockwright_core::{
-    Acquire, ClockUse, Config, Extension, Machine, Millis, Outcome, Protocol, ProtocolId, Request,
-    Token,
+    Acquire, ClockUse, Config, Event, Extension, Machine, Millis, Outcome, Protocol, ProtocolId,
+    Request, Token,
 };
 use std::collections::BTreeSet;
 
@@ -37,6 +37,63 @@ struct Run {
     /// Replies handed back to a request after which the same client had
     /// sent another to the same node.
     stale_replies: usize,
+    /// Events that broke the conclusion rule (see [`conclude`]).
+    misconcluded: Vec<String>,
+    /// How many `Lost` events came while each kind of operation was
+    /// pending: [none, acquire, release, extend].
+    lost_while: [usize; 4],
+}
+
+/// An operation of the application, from its call returning `Ok` to the
+/// event that concludes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    Acquire,
+    Release,
+    Extend,
+}
+
+/// The application's call of `op` returned `Ok`: a machine takes one
+/// operation at a time, so nothing may still be pending (an operation it
+/// dropped without concluding would leave its driver waiting for ever).
+fn start(pending: &mut Option<Pending>, op: Pending, problems: &mut Vec<String>) {
+    if let Some(before) = pending.replace(op) {
+        problems.push(format!(
+            "{op:?} started while {before:?} was never concluded"
+        ));
+    }
+}
+
+/// The contract's rule of which operation an event concludes
+/// (`lockwright_core::Event`'s docs): `Acquired` and `Denied` an acquire,
+/// `Released` a release, `Extended`/`NotExtended` by `Extend` an extend,
+/// `Failed` whatever is pending, `Lost` a pending extend and nothing else
+/// (an acquire or a release goes on), renewals' events nothing. Returns
+/// what is pending after `event`, or why the event does not fit.
+fn conclude(pending: Option<Pending>, event: &Event) -> Result<Option<Pending>, String> {
+    use Pending::*;
+    let concludes = match event {
+        Event::Acquired(_) | Event::Denied => Some(Acquire),
+        Event::Released { .. } => Some(Release),
+        Event::Extended { by, .. } | Event::NotExtended { by } => {
+            (*by == Extension::Extend).then_some(Extend)
+        }
+        Event::Failed(_) => {
+            return match pending {
+                Some(_) => Ok(None),
+                None => Err("Failed with nothing pending".into()),
+            }
+        }
+        Event::Lost => return Ok(pending.filter(|p| *p != Extend)),
+        Event::RenewalFailed(_) => None,
+    };
+    match concludes {
+        None => Ok(pending),
+        Some(op) if pending == Some(op) => Ok(None),
+        Some(op) => Err(format!(
+            "{event:?} concludes {op:?} but {pending:?} was pending"
+        )),
+    }
 }
 
 fn config(id: ProtocolId, variant: u8) -> Config {
@@ -80,6 +137,7 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
     let mut superseded = BTreeSet::new();
     let mut rng = SplitMix64(seed);
     let mut run = Run::default();
+    let mut pending: Vec<Option<Pending>> = vec![None; clients];
     let mut t = 0u64;
     let now = |t: u64| Millis(client_base + t);
 
@@ -88,16 +146,24 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
         let m = &mut machines[c];
         match rng.next_u64() % 10 {
             0 => {
-                let _ = m.acquire(now(t), Acquire::Until(now(t + 3_000)));
+                if m.acquire(now(t), Acquire::Until(now(t + 3_000))).is_ok() {
+                    start(&mut pending[c], Pending::Acquire, &mut run.misconcluded);
+                }
             }
             1 => {
-                let _ = m.acquire(now(t), Acquire::Once);
+                if m.acquire(now(t), Acquire::Once).is_ok() {
+                    start(&mut pending[c], Pending::Acquire, &mut run.misconcluded);
+                }
             }
             2 => {
-                let _ = m.extend(now(t));
+                if m.extend(now(t)).is_ok() {
+                    start(&mut pending[c], Pending::Extend, &mut run.misconcluded);
+                }
             }
             3 => {
-                let _ = m.release(now(t));
+                if m.release(now(t)).is_ok() {
+                    start(&mut pending[c], Pending::Release, &mut run.misconcluded);
+                }
             }
             4 => {
                 // Time passes, up to the next timer of some client or a bit.
@@ -164,7 +230,24 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
                 in_flight[c].push(request.clone());
                 run.requests.push((c, request));
             }
-            while m.poll_event().is_some() {}
+            while let Some(event) = m.poll_event() {
+                if event == Event::Lost {
+                    let kind = match pending[c] {
+                        None => 0,
+                        Some(Pending::Acquire) => 1,
+                        Some(Pending::Release) => 2,
+                        Some(Pending::Extend) => 3,
+                    };
+                    run.lost_while[kind] += 1;
+                }
+                match conclude(pending[c], &event) {
+                    Ok(next) => pending[c] = next,
+                    Err(why) => {
+                        run.misconcluded.push(format!("c{c} at {t}: {why}"));
+                        pending[c] = None;
+                    }
+                }
+            }
             let per_node = in_flight[c]
                 .iter()
                 .map(|r| in_flight[c].iter().filter(|o| o.node == r.node).count())
@@ -771,6 +854,25 @@ fn a_renewal_nobody_asked_for_says_so() {
         assert_eq!(m.extend(now), Ok(()), "{id}");
         assert!(m.poll_transmit().is_some(), "{id}: extend sends");
     }
+}
+
+/// Every event concludes the operation the contract says it does, and only
+/// while that operation is pending: a driver can keep one pending
+/// operation per machine and never guess. `Lost` concludes a pending
+/// extend and leaves an acquire or a release pending.
+#[test]
+fn every_event_concludes_the_operation_the_contract_names() {
+    let mut lost_while = [0; 4];
+    for id in ProtocolId::all() {
+        for run in walks(id, 1_000_000) {
+            assert_eq!(run.misconcluded, Vec::<String>::new(), "{id}");
+            for (total, n) in lost_while.iter_mut().zip(run.lost_while) {
+                *total += n;
+            }
+        }
+    }
+    eprintln!("Lost while pending [nothing, acquire, release, extend]: {lost_while:?}");
+    assert!(lost_while[0] > 0 && lost_while[3] > 0, "{lost_while:?}");
 }
 
 #[test]

@@ -146,7 +146,7 @@ impl Lock {
             unanswered: None,
         };
         driver.machine.acquire(now(), how)?;
-        match driver.run()? {
+        match driver.run(Call::Acquire)? {
             Event::Acquired(lease) => Ok(Some(Guard { lease, driver })),
             _ => Ok(None),
         }
@@ -170,7 +170,7 @@ impl Guard {
     /// reply; `Ok(false)` when the machine reports it not extended or lost.
     pub fn extend(&mut self) -> Result<bool, Error> {
         self.driver.machine.extend(now())?;
-        match self.driver.run()? {
+        match self.driver.run(Call::Extend)? {
             Event::Extended { lease, .. } => {
                 self.lease = lease;
                 Ok(true)
@@ -183,9 +183,36 @@ impl Guard {
     /// said it was gone, [`Error::OutcomeUnknown`] without a reply.
     pub fn release(mut self) -> Result<bool, Error> {
         self.driver.machine.release(now())?;
-        match self.driver.run()? {
+        match self.driver.run(Call::Release)? {
             Event::Released { was_held } => self.driver.unknown_or(was_held),
             _ => self.driver.unknown_or(false),
+        }
+    }
+}
+
+/// The application's call a [`Driver::run`] waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Acquire,
+    Extend,
+    Release,
+}
+
+impl Call {
+    /// Does `event` conclude this call? The contract's rule: `Acquired` and
+    /// `Denied` an acquire, `Released` a release, `Extended` and
+    /// `NotExtended` by the application's extend, and `Lost`, an extend;
+    /// `Failed` any call; a renewal's events none.
+    fn concluded_by(self, event: &Event) -> bool {
+        match event {
+            Event::Acquired(_) | Event::Denied => self == Call::Acquire,
+            Event::Released { .. } => self == Call::Release,
+            Event::Extended { by, .. } | Event::NotExtended { by } => {
+                *by == Extension::Extend && self == Call::Extend
+            }
+            Event::Lost => self == Call::Extend,
+            Event::Failed(_) => true,
+            Event::RenewalFailed(_) => false,
         }
     }
 }
@@ -200,10 +227,10 @@ struct Driver {
 }
 
 impl Driver {
-    /// Run the machine until it concludes the operation (the first event
-    /// other than an automatic renewal's): send its requests, hand it the
-    /// replies, sleep until its timers.
-    fn run(&mut self) -> Result<Event, Error> {
+    /// Run the machine until it concludes the application's `call` (the
+    /// event that docs/driving.md says concludes it): send its requests,
+    /// hand it the replies, sleep until its timers.
+    fn run(&mut self, call: Call) -> Result<Event, Error> {
         self.unanswered = None;
         loop {
             let batch: Vec<Request> = std::iter::from_fn(|| self.machine.poll_transmit()).collect();
@@ -215,17 +242,9 @@ impl Driver {
             }
             if let Some(event) = self.machine.poll_event() {
                 match event {
-                    Event::Extended {
-                        by: Extension::Renewal,
-                        ..
-                    }
-                    | Event::NotExtended {
-                        by: Extension::Renewal,
-                    }
-                    | Event::RenewalFailed(_) => {}
                     Event::Failed(e) => return Err(e.into()),
-                    concluded if self.machine.is_busy() => drop(concluded),
-                    concluded => return Ok(concluded),
+                    concluded if call.concluded_by(&concluded) => return Ok(concluded),
+                    _ => {}
                 }
                 continue;
             }
@@ -235,7 +254,8 @@ impl Driver {
                     std::thread::sleep(Duration::from_millis(wait));
                     self.machine.handle_timeout(now());
                 }
-                // Idle with nothing to report: the machine concluded earlier.
+                // Idle, nothing to report, the call not concluded: the
+                // contract rules this out; reported as the hold lost.
                 None => return Ok(Event::Lost),
             }
         }
