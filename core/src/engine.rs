@@ -500,7 +500,10 @@ pub(crate) fn watch_step<S>(
 // The engine.
 // ---------------------------------------------------------------------------
 
-/// Which operation a recipe step belongs to.
+/// An operation of the application, as the machines' steps name it: which
+/// operation a recipe step belongs to, what a RedLock round asks every
+/// master to do (`SET NX PX`, the compare-and-delete script, the
+/// compare-and-`PEXPIRE` script).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Op {
     Acquire,

@@ -57,7 +57,7 @@ pub(crate) struct Granted {
 
 /// An operation the application asks the driver for.
 #[derive(Debug)]
-pub(crate) enum Op {
+pub(crate) enum Call {
     Acquire {
         how: How,
         done: oneshot::Sender<Result<Option<Granted>, Error>>,
@@ -301,7 +301,7 @@ pub(crate) struct Inline(Option<Box<Driver>>);
 
 impl Inline {
     /// Hand `op` to the machine.
-    pub(crate) fn apply(&mut self, op: Op) {
+    pub(crate) fn apply(&mut self, op: Call) {
         if let Some(driver) = &mut self.0 {
             driver.apply(op);
         }
@@ -372,7 +372,7 @@ impl Inline {
     }
 
     /// Run `op` to its end inside the caller's future.
-    async fn call<T>(&mut self, op: Op, result: &mut oneshot::Receiver<T>) -> Option<T> {
+    async fn call<T>(&mut self, op: Call, result: &mut oneshot::Receiver<T>) -> Option<T> {
         let driver = self.0.as_mut()?;
         // The machine's deadlines passed while nobody ran it (between the
         // guard's calls): let it act on them first, as a task would have.
@@ -387,14 +387,14 @@ pub(crate) enum Holder {
     /// The guard's own calls.
     Inline(Inline),
     /// A task, reached through this channel.
-    Task(mpsc::UnboundedSender<Op>),
+    Task(mpsc::UnboundedSender<Call>),
 }
 
 impl Holder {
     /// Run the operation `op` builds and wait for its result.
     pub(crate) async fn call<T>(
         &mut self,
-        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Op,
+        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Call,
     ) -> Result<T, Error> {
         let (done, mut result) = oneshot::channel();
         match self {
@@ -437,9 +437,9 @@ struct Driver {
     io: Io,
     /// The handle's operations; `None` while run inline, or once the handle
     /// is gone.
-    ops: Option<mpsc::UnboundedReceiver<Op>>,
+    ops: Option<mpsc::UnboundedReceiver<Call>>,
     /// Operations the machine refused as busy; retried after every pass.
-    deferred: VecDeque<Op>,
+    deferred: VecDeque<Call>,
     pending: Pending,
     cell: Option<LeaseCell>,
     lost: watch::Sender<bool>,
@@ -592,11 +592,11 @@ impl Driver {
         self.io.is_idle() && self.resends.is_empty() && self.machine.lease().is_none()
     }
 
-    fn apply(&mut self, op: Op) {
+    fn apply(&mut self, op: Call) {
         let now = self.now();
         self.unanswered = None;
         let result = match &op {
-            Op::Acquire { how, .. } => {
+            Call::Acquire { how, .. } => {
                 let how = match how {
                     How::Once => Acquire::Once,
                     How::Within(d) => {
@@ -612,14 +612,14 @@ impl Driver {
             }
             // The lease cell is marked released when the hold ends (a
             // reentrant hold taken twice lives on after one release).
-            Op::Release { .. } => self.machine.release(now),
-            Op::Extend { .. } => self.machine.extend(now),
-            Op::Reenter { .. } => self.machine.acquire(now, Acquire::Once),
+            Call::Release { .. } => self.machine.release(now),
+            Call::Extend { .. } => self.machine.extend(now),
+            Call::Reenter { .. } => self.machine.acquire(now, Acquire::Once),
         };
         match (result, op) {
             (Err(lockwright_core::UsageError::Busy), op) => self.deferred.push_back(op),
-            (Err(e), Op::Acquire { done, .. }) => drop(done.send(Err(e.into()))),
-            (Err(lockwright_core::UsageError::NotHeld), Op::Release { done })
+            (Err(e), Call::Acquire { done, .. }) => drop(done.send(Err(e.into()))),
+            (Err(lockwright_core::UsageError::NotHeld), Call::Release { done })
                 if self.token_release.is_some() =>
             {
                 // Lost by our reckoning (validity ran out, a renewal found
@@ -642,12 +642,14 @@ impl Driver {
                     unknown: None,
                 });
             }
-            (Err(e), Op::Release { done }) => drop(done.send(Err(e.into()))),
-            (Err(e), Op::Extend { done } | Op::Reenter { done }) => drop(done.send(Err(e.into()))),
-            (Ok(()), Op::Acquire { done, .. }) => self.pending = Pending::Acquire(done),
-            (Ok(()), Op::Release { done }) => self.pending = Pending::Release(done),
-            (Ok(()), Op::Extend { done }) => self.pending = Pending::Extend(done),
-            (Ok(()), Op::Reenter { done }) => self.pending = Pending::Reenter(done),
+            (Err(e), Call::Release { done }) => drop(done.send(Err(e.into()))),
+            (Err(e), Call::Extend { done } | Call::Reenter { done }) => {
+                drop(done.send(Err(e.into())))
+            }
+            (Ok(()), Call::Acquire { done, .. }) => self.pending = Pending::Acquire(done),
+            (Ok(()), Call::Release { done }) => self.pending = Pending::Release(done),
+            (Ok(()), Call::Extend { done }) => self.pending = Pending::Extend(done),
+            (Ok(()), Call::Reenter { done }) => self.pending = Pending::Reenter(done),
         }
     }
 
@@ -1150,7 +1152,7 @@ async fn fire(sleep: &mut Option<Pin<Box<Sleep>>>) {
     }
 }
 
-async fn next_op(ops: &mut Option<mpsc::UnboundedReceiver<Op>>) -> Option<Op> {
+async fn next_op(ops: &mut Option<mpsc::UnboundedReceiver<Call>>) -> Option<Call> {
     match ops {
         Some(ops) => ops.recv().await,
         None => std::future::pending().await,

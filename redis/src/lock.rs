@@ -2,7 +2,7 @@
 
 use crate::clock::clock;
 use crate::conn::{Nodes, Route};
-use crate::driver::{self, HoldRelease, Holder, How, NodeSettings, Op, TokenRelease};
+use crate::driver::{self, Call, HoldRelease, Holder, How, NodeSettings, TokenRelease};
 use crate::keys::KeyMap;
 use crate::lease_cell::{LeaseCell, Phase};
 use crate::notices::Notices;
@@ -470,7 +470,7 @@ impl Shared {
                 fresh,
             );
             let (done, mut result) = oneshot::channel();
-            driver.apply(Op::Acquire { how, done });
+            driver.apply(Call::Acquire { how, done });
             let granted = driver.drive(&mut result).await.ok_or(Error::DriverGone)??;
             Ok(match granted {
                 Some(g) => Some(LockGuard {
@@ -992,7 +992,7 @@ impl LockGuard {
 
     async fn call<T>(
         &mut self,
-        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Op,
+        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Call,
     ) -> Result<T, Error> {
         self.holder.call(op).await
     }
@@ -1004,7 +1004,11 @@ impl LockGuard {
     /// not move). [`Error::Lost`] when Redis said the hold is gone.
     pub async fn extend(&mut self) -> Result<(), Error> {
         let span = tracing::info_span!(parent: &self.span, "extend");
-        match self.call(|done| Op::Extend { done }).instrument(span).await {
+        match self
+            .call(|done| Call::Extend { done })
+            .instrument(span)
+            .await
+        {
             Ok(lease) => {
                 self.lease = lease;
                 Ok(())
@@ -1040,7 +1044,7 @@ impl LockGuard {
         }
         let span = tracing::info_span!(parent: &self.span, "reenter");
         match self
-            .call(|done| Op::Reenter { done })
+            .call(|done| Call::Reenter { done })
             .instrument(span)
             .await
         {
@@ -1065,7 +1069,7 @@ impl LockGuard {
         }
         let span = tracing::info_span!(parent: &self.span, "leave");
         let result = self
-            .call(|done| Op::Release { done })
+            .call(|done| Call::Release { done })
             .instrument(span)
             .await;
         self.holds = self.holds.saturating_sub(1);
@@ -1107,7 +1111,7 @@ impl LockGuard {
         // (the unlock script takes one level per call), down to zero.
         loop {
             let result = match self
-                .call(|done| Op::Release { done })
+                .call(|done| Call::Release { done })
                 .instrument(span.clone())
                 .await
             {

@@ -26,7 +26,7 @@
 //!     note right of Held: the resource refuses a write whose fence is older than one it accepted
 //! ```
 
-use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
+use super::lease_lock::{lease_lock, Grant, OwnerCheck, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::{Fence, Token};
@@ -44,7 +44,7 @@ impl FencedLock {
             "fenced",
             config,
             token,
-            Guard::Script,
+            OwnerCheck::Script,
             Grant::FencedScript,
             config.auto_renew,
         )

@@ -8,15 +8,15 @@
 //!
 //! | style | conditional step |
 //! |---|---|
-//! | [`Guard::GetThenAct`] | `GET`, compare, then `DEL`/`PEXPIRE` as a second step (not atomic) |
-//! | [`Guard::Watch`] | `WATCH`, `GET`, compare, `MULTI … EXEC` (aborts and retries when the key changed) |
-//! | [`Guard::Script`] | one compare-and-act script (atomic) |
+//! | [`OwnerCheck::GetThenAct`] | `GET`, compare, then `DEL`/`PEXPIRE` as a second step (not atomic) |
+//! | [`OwnerCheck::Watch`] | `WATCH`, `GET`, compare, `MULTI … EXEC` (aborts and retries when the key changed) |
+//! | [`OwnerCheck::Script`] | one compare-and-act script (atomic) |
 //!
 //! and in how they acquire ([`Grant::SetNxPx`] or one of the fence-issuing
 //! scripts, [`Grant::FencedScript`] and [`Grant::TimeFencedScript`]).
 //!
 //! All five are one recipe, [`SetPxRecipe`], run by the
-//! [engine](crate::engine); [`Guard::Watch`] uses the engine's one watched
+//! [engine](crate::engine); [`OwnerCheck::Watch`] uses the engine's one watched
 //! release step, so an `UNWATCH` or `EXEC` reply is checked the same way as
 //! in `setnx-del`.
 
@@ -31,7 +31,7 @@ use crate::time::Millis;
 
 /// How a release or extend makes sure the key is still ours.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Guard {
+pub(crate) enum OwnerCheck {
     /// `GET`, compare in the client, then act: another client's key can be
     /// hit when ours expires between the two steps.
     GetThenAct,
@@ -91,7 +91,7 @@ pub(crate) struct SetPxRecipe {
     wait_replicas: Option<u32>,
     notify_releases: bool,
     token: Token,
-    guard: Guard,
+    guard: OwnerCheck,
     grant: Grant,
 }
 
@@ -101,7 +101,7 @@ pub(crate) fn lease_lock(
     protocol: &'static str,
     config: &Config,
     token: Token,
-    guard: Guard,
+    guard: OwnerCheck,
     grant: Grant,
     auto_renew: bool,
 ) -> Result<Engine<SetPxRecipe>, ConfigError> {
@@ -129,12 +129,12 @@ impl SetPxRecipe {
         let key = self.key.clone();
         let delete = op == Op::Release;
         match (self.guard, delete) {
-            (Guard::Script, true) => Command::Eval {
+            (OwnerCheck::Script, true) => Command::Eval {
                 script: Script::CompareAndDelete,
                 keys: vec![key],
                 args: release_args(vec![self.token.0.to_string()], self.notify_releases),
             },
-            (Guard::Script, false) => Command::Eval {
+            (OwnerCheck::Script, false) => Command::Eval {
                 script: Script::CompareAndPExpire,
                 keys: vec![key],
                 args: vec![self.token.0.to_string(), self.ttl_ms.to_string()],
@@ -186,14 +186,14 @@ impl Recipe for SetPxRecipe {
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
         match (op, self.guard) {
             (Op::Acquire, _) => (self.grant_command(), Step::Grant),
-            (_, Guard::Script) => (self.act_command(op), Step::Act),
-            (_, Guard::GetThenAct) => (
+            (_, OwnerCheck::Script) => (self.act_command(op), Step::Act),
+            (_, OwnerCheck::GetThenAct) => (
                 Command::Get {
                     key: self.key.clone(),
                 },
                 Step::Get,
             ),
-            (_, Guard::Watch) => watch_begin(&self.key, Step::Watched),
+            (_, OwnerCheck::Watch) => watch_begin(&self.key, Step::Watched),
         }
     }
 

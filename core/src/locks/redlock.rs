@@ -97,7 +97,7 @@
 //! ```
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{Scaffold, Standing, Timer};
+use crate::engine::{Op, Scaffold, Standing, Timer};
 use crate::keyspace::script::release_args;
 use crate::keyspace::{Command, Reply, Script, SetCondition, SetExpiry};
 use crate::protocol::{
@@ -157,17 +157,6 @@ pub fn decide(acks: usize, nodes: usize, ttl: u64, elapsed: u64, drift: u64) -> 
         0 => Decision::NoValidity { acks },
         validity_ms => Decision::Held { validity_ms },
     }
-}
-
-/// What a round asks every master to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Op {
-    /// `SET key token NX PX ttl`.
-    Acquire,
-    /// The compare-and-`PEXPIRE` script.
-    Extend,
-    /// The compare-and-delete script.
-    Release,
 }
 
 /// One master's part in a round.

@@ -111,7 +111,7 @@ struct Hold {
 
 /// The operation the application started.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Op {
+enum Doing {
     Idle,
     /// The lock script is in flight.
     Acquiring {
@@ -156,7 +156,7 @@ pub struct Reentrant {
     notify_releases: bool,
     token: Token,
     hold: Option<Hold>,
-    op: Op,
+    op: Doing,
     renewal: Option<Renewal>,
     base: Scaffold,
 }
@@ -177,7 +177,7 @@ impl Reentrant {
             notify_releases: config.notify_releases,
             token,
             hold: None,
-            op: Op::Idle,
+            op: Doing::Idle,
             renewal: None,
             base: Scaffold::new(config.backoff(), config.reply_timeout_ms),
         })
@@ -209,7 +209,7 @@ impl Reentrant {
 
     fn send_lock(&mut self, now: Millis, how: Acquire) {
         let req = self.send(now, Timer::Reply, Script::ReentrantLock);
-        self.op = Op::Acquiring {
+        self.op = Doing::Acquiring {
             req,
             sent_at: now,
             how,
@@ -218,7 +218,7 @@ impl Reentrant {
 
     fn send_unlock(&mut self, now: Millis, sent_at: Millis, draining: bool) {
         let req = self.send(now, Timer::Reply, Script::ReentrantUnlock);
-        self.op = Op::Releasing {
+        self.op = Doing::Releasing {
             req,
             sent_at,
             draining,
@@ -266,10 +266,10 @@ impl Reentrant {
         match retry_at(&mut self.base.backoff, now, how) {
             Some(at) => {
                 self.base.timers.set(Timer::Retry, at);
-                self.op = Op::BackingOff { how };
+                self.op = Doing::BackingOff { how };
             }
             None => {
-                self.op = Op::Idle;
+                self.op = Doing::Idle;
                 self.base.out.emit(Event::Denied);
             }
         }
@@ -277,10 +277,10 @@ impl Reentrant {
 
     fn op_request(&self) -> Option<RequestId> {
         match self.op {
-            Op::Acquiring { req, .. } | Op::Extending { req, .. } | Op::Releasing { req, .. } => {
-                Some(req)
-            }
-            Op::Idle | Op::BackingOff { .. } => None,
+            Doing::Acquiring { req, .. }
+            | Doing::Extending { req, .. }
+            | Doing::Releasing { req, .. } => Some(req),
+            Doing::Idle | Doing::BackingOff { .. } => None,
         }
     }
 
@@ -301,7 +301,7 @@ impl Reentrant {
         match outcome {
             // Granted: a new hold, or one more on ours.
             Outcome::Reply(Reply::Nil) => {
-                self.op = Op::Idle;
+                self.op = Doing::Idle;
                 let fresh = self.valid_from(sent_at);
                 let hold = match self.hold.take() {
                     Some(Hold { lease, count }) => Hold {
@@ -339,7 +339,7 @@ impl Reentrant {
             }
             Outcome::Unknown => self.retry_or_deny(now, how),
             Outcome::Reply(reply) => {
-                self.op = Op::Idle;
+                self.op = Doing::Idle;
                 self.base
                     .out
                     .emit(Event::Failed(Self::unexpected("reentrant-lock", reply)));
@@ -348,7 +348,7 @@ impl Reentrant {
     }
 
     fn on_unlock_reply(&mut self, now: Millis, sent_at: Millis, outcome: Outcome) {
-        self.op = Op::Idle;
+        self.op = Doing::Idle;
         let (deleted, was_held) = match outcome {
             Outcome::Reply(Reply::Nil) => {
                 self.drop_hold();
@@ -457,7 +457,7 @@ impl Reentrant {
 impl Protocol for Reentrant {
     /// Also allowed while held: takes the lock once more.
     fn acquire(&mut self, now: Millis, how: Acquire) -> Result<(), UsageError> {
-        if self.op != Op::Idle {
+        if self.op != Doing::Idle {
             return Err(UsageError::Busy);
         }
         self.base.backoff.reset();
@@ -467,7 +467,7 @@ impl Protocol for Reentrant {
 
     /// Undoes one acquire; an automatic renewal in flight does not block it.
     fn release(&mut self, now: Millis) -> Result<(), UsageError> {
-        if self.op != Op::Idle {
+        if self.op != Doing::Idle {
             return Err(UsageError::Busy);
         }
         if self.hold.is_none() {
@@ -480,7 +480,7 @@ impl Protocol for Reentrant {
     }
 
     fn extend(&mut self, now: Millis) -> Result<(), UsageError> {
-        if self.op != Op::Idle {
+        if self.op != Doing::Idle {
             return Err(UsageError::Busy);
         }
         if self.hold.is_none() {
@@ -493,12 +493,12 @@ impl Protocol for Reentrant {
                 self.base.timers.set(Timer::Reply, deadline);
             }
             self.base.timers.clear(Timer::RenewReply);
-            self.op = Op::Extending { req, sent_at };
+            self.op = Doing::Extending { req, sent_at };
             return Ok(());
         }
         self.cancel_renewal();
         let req = self.send(now, Timer::Reply, Script::ReentrantRenew);
-        self.op = Op::Extending { req, sent_at: now };
+        self.op = Doing::Extending { req, sent_at: now };
         Ok(())
     }
 
@@ -514,9 +514,9 @@ impl Protocol for Reentrant {
             return;
         }
         self.base.timers.clear(Timer::Reply);
-        match std::mem::replace(&mut self.op, Op::Idle) {
-            Op::Acquiring { sent_at, how, .. } => self.on_lock_reply(now, sent_at, how, outcome),
-            Op::Releasing {
+        match std::mem::replace(&mut self.op, Doing::Idle) {
+            Doing::Acquiring { sent_at, how, .. } => self.on_lock_reply(now, sent_at, how, outcome),
+            Doing::Releasing {
                 sent_at, draining, ..
             } => {
                 if draining {
@@ -525,10 +525,10 @@ impl Protocol for Reentrant {
                     self.on_unlock_reply(now, sent_at, outcome);
                 }
             }
-            Op::Extending { sent_at, .. } => {
+            Doing::Extending { sent_at, .. } => {
                 self.on_renew_reply(now, sent_at, Extension::Extend, outcome);
             }
-            op @ (Op::Idle | Op::BackingOff { .. }) => self.op = op,
+            op @ (Doing::Idle | Doing::BackingOff { .. }) => self.op = op,
         }
     }
 
@@ -547,14 +547,14 @@ impl Protocol for Reentrant {
                     }
                 }
                 Timer::Retry => {
-                    if let Op::BackingOff { how } = self.op {
+                    if let Doing::BackingOff { how } = self.op {
                         self.send_lock(now, how);
                     }
                 }
                 Timer::Expiry if self.hold.is_some() => {
                     // A manual extend still in flight can no longer help.
-                    if matches!(self.op, Op::Extending { .. }) {
-                        self.op = Op::Idle;
+                    if matches!(self.op, Doing::Extending { .. }) {
+                        self.op = Doing::Idle;
                         self.base.timers.clear(Timer::Reply);
                     }
                     self.lose();
@@ -587,7 +587,7 @@ impl Protocol for Reentrant {
     /// An application operation is in flight; a background renewal does not
     /// count (it blocks nothing).
     fn is_busy(&self) -> bool {
-        self.op != Op::Idle
+        self.op != Doing::Idle
     }
 }
 

@@ -26,7 +26,7 @@
 //!     Releasing --> [*]: GET ≠ token / Released (was_held false)
 //! ```
 
-use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
+use super::lease_lock::{lease_lock, Grant, OwnerCheck, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::Token;
@@ -43,7 +43,7 @@ impl SetPxGetDel {
             "set-px-get-del",
             config,
             token,
-            Guard::GetThenAct,
+            OwnerCheck::GetThenAct,
             Grant::SetNxPx,
             false,
         )

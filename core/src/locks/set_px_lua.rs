@@ -27,7 +27,7 @@
 //!     Releasing --> [*]: compare-and-delete / Released
 //! ```
 
-use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
+use super::lease_lock::{lease_lock, Grant, OwnerCheck, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::Token;
@@ -44,7 +44,7 @@ impl SetPxLua {
             "set-px-lua",
             config,
             token,
-            Guard::Script,
+            OwnerCheck::Script,
             Grant::SetNxPx,
             false,
         )

@@ -25,7 +25,7 @@
 //!     Releasing --> [*]: GET ≠ token, UNWATCH / Released (was_held false)
 //! ```
 
-use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
+use super::lease_lock::{lease_lock, Grant, OwnerCheck, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::Token;
@@ -43,7 +43,7 @@ impl SetPxWatch {
             "set-px-watch",
             config,
             token,
-            Guard::Watch,
+            OwnerCheck::Watch,
             Grant::SetNxPx,
             false,
         )

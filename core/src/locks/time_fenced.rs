@@ -78,7 +78,7 @@
 //!     note right of Held: a node that lost its counter starts from its clock, above every earlier fence
 //! ```
 
-use super::lease_lock::{lease_lock, Grant, Guard, SetPxRecipe};
+use super::lease_lock::{lease_lock, Grant, OwnerCheck, SetPxRecipe};
 use crate::config::{Config, ConfigError};
 use crate::engine::engine_machine;
 use crate::protocol::Token;
@@ -96,7 +96,7 @@ impl TimeFencedLock {
             "time-fenced",
             config,
             token,
-            Guard::Script,
+            OwnerCheck::Script,
             Grant::TimeFencedScript,
             config.auto_renew,
         )

@@ -248,6 +248,7 @@ impl Recipe for WatchRecipe {
                 Some(Reply::Int(_)) => Next::Granted(None),
                 _ => unexpected("EXEC SADD", reply),
             },
+            Step::Unwatch(_) if !reply.is_ok() => unexpected("UNWATCH", reply),
             Step::Unwatch(Unwatched::Full) => Next::NotGranted,
             Step::Unwatch(Unwatched::Fail(e)) => Next::Failed(e),
             Step::Release => match reply {
@@ -298,5 +299,35 @@ impl WatchSemaphore {
         let mut machine = WatchSemaphore::new(config, token)?;
         machine.0.one_token = true;
         Ok(machine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ProtocolError;
+
+    /// Like the shared watched step, the acquire's `UNWATCH` checks its
+    /// reply: anything but OK fails the sequence.
+    #[test]
+    fn an_unwatch_answered_with_anything_but_ok_fails() {
+        let recipe = WatchRecipe {
+            holders: "h".into(),
+            max: "m".into(),
+            token: "t".into(),
+        };
+        let step = || Step::Unwatch(Unwatched::Full);
+        let now = Millis(0);
+        assert_eq!(
+            recipe.advance(Op::Acquire, step(), Reply::ok(), now),
+            Next::NotGranted
+        );
+        assert!(matches!(
+            recipe.advance(Op::Acquire, step(), Reply::Int(1), now),
+            Next::Failed(ProtocolError::UnexpectedReply {
+                request: "UNWATCH",
+                ..
+            })
+        ));
     }
 }
