@@ -599,10 +599,6 @@ pub(crate) trait Recipe: Clone + Debug + PartialEq + Eq + Hash {
         let _ = lease;
         self.start(Op::Extend, now)
     }
-    /// When an extend did not go through and the lease has run out by
-    /// then, is the extend's failure reported after `Lost`? The SETNX locks
-    /// report `Lost` alone.
-    const REPORTS_EXTEND_AFTER_LOSS: bool = true;
     /// Is there anything to extend? A recipe without TTL says no: an extend
     /// reports [`Event::Extended`] with the same lease at once.
     const EXTENDS: bool = true;
@@ -826,14 +822,13 @@ impl<R: Recipe> Engine<R> {
     }
 
     /// Stay held on the old lease after an extend that did not go through,
-    /// and report `event`.
+    /// and report `event`; when the lease has run out by then, report
+    /// `Lost` alone, which concludes the extend (the contract: one event
+    /// per operation, see `Event::Lost`).
     fn hold_on(&mut self, now: Millis, lease: Lease, event: Event) {
         if now >= lease.valid_until {
             self.go_idle();
             self.base.out.emit(Event::Lost);
-            if R::REPORTS_EXTEND_AFTER_LOSS {
-                self.base.out.emit(event);
-            }
             return;
         }
         self.base.timers.clear(Timer::Reply);

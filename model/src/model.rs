@@ -508,7 +508,12 @@ impl ClientState {
     /// [`LockModel::next_instant`]: time cannot pass it before the holder
     /// checks and leaves), and a checked holder writes at the instant it
     /// checked, so a paused holder whose clock is past its validity was
-    /// paused when the validity ended.
+    /// paused when the validity ended, or at the instant it learnt of a
+    /// lease already over: a grant or an extension whose reply came after
+    /// its `valid_until`, with a pause striking before the holder checked.
+    /// The rule counts that holder out, this test counts it in until it
+    /// resumes: the model's verdicts err on the side of a violation there,
+    /// and only a fault pair reaches it (a late reply and a pause at once).
     pub(crate) fn inside(&self, t: u64) -> bool {
         let (holds, within_validity) = match &self.phase {
             Phase::Holding(lease) | Phase::Checked(lease) => {

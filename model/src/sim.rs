@@ -435,6 +435,18 @@ impl History {
                     .push((entry.at.0, until.0));
             }
         }
+        // Pauses that overlap are one pause.
+        for spans in pauses.values_mut() {
+            spans.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+            for &(start, end) in spans.iter() {
+                match merged.last_mut() {
+                    Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                    _ => merged.push((start, end)),
+                }
+            }
+            *spans = merged;
+        }
         let stay = |client: ClientId, from: u64, validity_ends: u64, left: Option<u64>| {
             let stuck = pauses.get(&client).and_then(|ps| {
                 ps.iter()
@@ -1027,6 +1039,8 @@ impl Sim {
                 let until = self.now.saturating_add(for_ms);
                 let p = &mut self.clients[c].paused_until;
                 *p = (*p).max(until);
+                // A pause that strikes during a longer one ends with it.
+                let until = *p;
                 self.record(
                     Some(c),
                     What::ClientPaused {

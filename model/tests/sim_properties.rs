@@ -588,6 +588,29 @@ fn a_holder_paused_over_its_validitys_end_is_inside_until_the_pause_ends() {
     let h = pause_while_holding(250);
     assert!(!acquired_at(&h, ClientId(1)).is_empty(), "{h}");
     assert_eq!(h.max_concurrent_holders(), 1, "{h}");
+
+    // Two pauses that overlap are one: a pause of c0 from 100 to 200 ms,
+    // over its validity's end (about 188 ms), and one struck during it that
+    // runs to 550 ms keep c0 inside until 550 ms.
+    let mut h = pause_while_holding(150);
+    h.entries
+        .retain(|e| e.client != Some(ClientId(0)) || !matches!(e.what, What::ClientPaused { .. }));
+    for (at, until) in [(100, 200), (150, 550)] {
+        h.entries.push(lockwright_model::sim::HistoryEntry {
+            at: Millis(at),
+            client: Some(ClientId(0)),
+            what: What::ClientPaused {
+                until: Millis(until),
+            },
+        });
+    }
+    h.entries.sort_by_key(|e| e.at);
+    let c0 = h
+        .holds()
+        .into_iter()
+        .find(|s| s.client == ClientId(0))
+        .unwrap();
+    assert_eq!(c0.to, Millis(550), "{h}");
 }
 
 /// `ProtocolId::uses_watch` is what drivers use to decide whether a hold may

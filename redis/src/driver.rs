@@ -1091,10 +1091,10 @@ impl Driver {
                         })));
                     }
                     Pending::Extend(done) => drop(done.send(Err(Error::Lost))),
-                    Pending::Release(done) => {
-                        let result = self.unless_unanswered(Operation::Release, false);
-                        drop(done.send(result));
-                    }
+                    // `Lost` concludes an extend and nothing else: an
+                    // acquire, a re-entry or a release goes on to an event
+                    // of its own (a reentrant lock's nested release, say,
+                    // still ends with `Released`).
                     other => self.pending = other,
                 }
             }

@@ -116,7 +116,6 @@ impl Recipe for SetnxExpireRecipe {
     const KEEPS_RELEASED_LEASE: bool = true;
     // The book holds whatever its SETNX won; a late grant expires at once.
     const UNDOES_LATE_GRANTS: bool = false;
-    const REPORTS_EXTEND_AFTER_LOSS: bool = false;
 
     fn start(&self, op: Op, _now: Millis) -> (Command, Step) {
         setnx_start(&self.key, &self.token, op, Step::Setnx, Step::Watched)

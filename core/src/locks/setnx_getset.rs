@@ -139,7 +139,6 @@ impl Recipe for SetnxGetsetRecipe {
     fn retoken(&mut self, _token: &Token) {}
     // The recipe holds whatever it won; a late grant expires at once.
     const UNDOES_LATE_GRANTS: bool = false;
-    const REPORTS_EXTEND_AFTER_LOSS: bool = false;
 
     fn start(&self, op: Op, now: Millis) -> (Command, Step) {
         match op {

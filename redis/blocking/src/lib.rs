@@ -255,8 +255,12 @@ impl Driver {
                     self.machine.handle_timeout(now());
                 }
                 // Idle, nothing to report, the call not concluded: the
-                // contract rules this out; reported as the hold lost.
-                None => return Ok(Event::Lost),
+                // contract rules this out (core/tests/contract.rs).
+                None => {
+                    return Err(Error::Protocol(ProtocolError::Missing(format!(
+                        "an event concluding the {call:?} call"
+                    ))))
+                }
             }
         }
     }
