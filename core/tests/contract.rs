@@ -209,7 +209,7 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
                 };
                 // A driver may be late to its timers: sometimes a reply is
                 // handed back before a timer already due has fired.
-                if rng.next_u64() % 4 != 0 {
+                if !rng.next_u64().is_multiple_of(4) {
                     for m in &mut machines {
                         if m.poll_timeout().is_some_and(|d| d <= now(t)) {
                             m.handle_timeout(now(t));
