@@ -1073,9 +1073,13 @@ impl LockGuard {
             .instrument(span)
             .await;
         self.holds = self.holds.saturating_sub(1);
+        // A nested level left after the hold ran out: the machine reported
+        // `Lost` (which does not conclude the release) and then the level's
+        // own `Released`; the hold is gone all the same.
+        let lost_meanwhile = self.holds > 0 && self.cell.snapshot().phase == Phase::Lost;
         match result {
-            Ok(true) => Ok(self.holds),
-            Ok(false) | Err(Error::Usage(UsageError::NotHeld)) => {
+            Ok(true) if !lost_meanwhile => Ok(self.holds),
+            Ok(_) | Err(Error::Usage(UsageError::NotHeld)) => {
                 self.holds = 0;
                 Err(Error::Lost)
             }
