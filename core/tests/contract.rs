@@ -142,6 +142,21 @@ fn config(id: ProtocolId, variant: u8) -> Config {
     c
 }
 
+/// The nodes of a run before any client comes: empty, but for
+/// watch-semaphore's size, which its application sets first.
+fn fresh_nodes(id: ProtocolId, config: &Config) -> Vec<Keyspace> {
+    let mut nodes: Vec<Keyspace> = (0..config.nodes).map(|_| Keyspace::new()).collect();
+    if id == ProtocolId::WatchSemaphore {
+        let set = lockwright_core::semaphores::watch_semaphore::set_max_size_command(
+            config,
+            config.limit,
+        )
+        .expect("a valid limit");
+        nodes[0].execute(ConnId(99), Millis(SERVER_BASE), &set);
+    }
+    nodes
+}
+
 /// A seeded random walk of `id`'s clients whose clocks read
 /// `client_base + t` while every node's reads `SERVER_BASE + t`.
 fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
@@ -156,16 +171,7 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
             Machine::new(id, &config, Token::new(format!("client-{c}"))).expect("valid config")
         })
         .collect();
-    let mut nodes: Vec<Keyspace> = (0..config.nodes).map(|_| Keyspace::new()).collect();
-    if id == ProtocolId::WatchSemaphore {
-        // The application sets the semaphore's size before anyone acquires.
-        let set = lockwright_core::semaphores::watch_semaphore::set_max_size_command(
-            &config,
-            config.limit,
-        )
-        .expect("a valid limit");
-        nodes[0].execute(ConnId(99), Millis(SERVER_BASE), &set);
-    }
+    let mut nodes = fresh_nodes(id, &config);
     // Requests in flight, per client, in emission order.
     let mut in_flight: Vec<Vec<Request>> = vec![Vec::new(); clients];
     // Requests followed by a later one of the same client to the same node.
@@ -839,16 +845,7 @@ fn renewal_in_flight(id: ProtocolId) -> Option<(Machine, Vec<Keyspace>, Request,
         ..config(id, 0)
     };
     let mut m = Machine::new(id, &config, Token("me".into())).expect("valid config");
-    let mut nodes: Vec<Keyspace> = (0..config.nodes).map(|_| Keyspace::new()).collect();
-    if id == ProtocolId::WatchSemaphore {
-        // The application sets the semaphore's size before anyone acquires.
-        let set = lockwright_core::semaphores::watch_semaphore::set_max_size_command(
-            &config,
-            config.limit,
-        )
-        .expect("a valid limit");
-        nodes[0].execute(ConnId(99), Millis(SERVER_BASE), &set);
-    }
+    let mut nodes = fresh_nodes(id, &config);
     let mut now = Millis(SERVER_BASE);
     m.acquire(now, Acquire::Once).expect("idle");
     let mut acquired = false;
