@@ -205,8 +205,8 @@ impl History {
     /// protected write when that came after the validity's end (the sign
     /// of a holder that could not see its clock: a pause).
     pub fn holds(&self) -> Vec<Hold> {
+        /// How a hold's stay ends (`stays[i]` is `holds[i]`'s).
         struct Open {
-            index: usize,
             left: Option<u64>,
             last_write: Option<u64>,
         }
@@ -236,7 +236,6 @@ impl History {
                         fence: *fence,
                     });
                     stays.push(Open {
-                        index: rank,
                         left: None,
                         last_write: None,
                     });
@@ -255,8 +254,7 @@ impl History {
                 Op::Denied | Op::RemovedHoldOf { .. } => {}
             }
         }
-        for stay in stays {
-            let hold = &mut holds[stay.index];
+        for (hold, stay) in holds.iter_mut().zip(stays) {
             let validity_ends = hold.to_us;
             hold.to_us = Stay {
                 from: hold.from_us,

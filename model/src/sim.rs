@@ -437,15 +437,7 @@ impl History {
         }
         // Pauses that overlap are one pause.
         for spans in pauses.values_mut() {
-            spans.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
-            for &(start, end) in spans.iter() {
-                match merged.last_mut() {
-                    Some(last) if start <= last.1 => last.1 = last.1.max(end),
-                    _ => merged.push((start, end)),
-                }
-            }
-            *spans = merged;
+            *spans = merged(std::mem::take(spans));
         }
         let stay = |client: ClientId, from: u64, validity_ends: u64, left: Option<u64>| {
             let stuck = pauses.get(&client).and_then(|ps| {
@@ -500,15 +492,7 @@ impl History {
         let mut holds = Vec::new();
         for (client, mut spans) in per_client {
             spans.retain(|(from, to)| from < to);
-            spans.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::new();
-            for (from, to) in spans {
-                match merged.last_mut() {
-                    Some(last) if from <= last.1 => last.1 = last.1.max(to),
-                    _ => merged.push((from, to)),
-                }
-            }
-            holds.extend(merged.into_iter().map(|(from, to)| Hold {
+            holds.extend(merged(spans).into_iter().map(|(from, to)| Hold {
                 client,
                 from: Millis(from),
                 to: Millis(to),
@@ -566,6 +550,20 @@ impl History {
             .filter(|e| matches!(e.what, What::Trespassed { .. }))
             .collect()
     }
+}
+
+/// Stretches `[from, to)` sorted, with those that overlap or touch made
+/// one.
+fn merged(mut spans: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    spans.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for (from, to) in spans {
+        match out.last_mut() {
+            Some(last) if from <= last.1 => last.1 = last.1.max(to),
+            _ => out.push((from, to)),
+        }
+    }
+    out
 }
 
 impl fmt::Display for HistoryEntry {
