@@ -70,7 +70,7 @@ pub use catalogue::{
 };
 pub use config::{Config, ConfigError};
 pub use protocol::{
-    Acquire, Event, Extension, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError, Request,
-    RequestId, Token, UsageError,
+    Acquire, Call, Event, Extension, Fence, Lease, NodeId, Outcome, Protocol, ProtocolError,
+    Request, RequestId, Token, UsageError,
 };
 pub use time::Millis;

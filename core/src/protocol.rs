@@ -180,6 +180,43 @@ pub enum Event {
     RenewalFailed(ProtocolError),
 }
 
+impl Event {
+    /// Does this event conclude `call`, the application's operation in
+    /// flight? `Acquired` and `Denied` conclude an acquire, `Released` a
+    /// release, `Extended` and `NotExtended` by [`Extension::Extend`] an
+    /// extend, `Lost` an extend (an acquire or a release goes on to an
+    /// event of its own), `Failed` any call; a renewal's events
+    /// (`Extended`/`NotExtended` by [`Extension::Renewal`], `RenewalFailed`)
+    /// none. A driver keeps the one call in flight and waits for the event
+    /// for which this is true; `core/tests/contract.rs` checks every
+    /// machine against it.
+    pub fn concludes(&self, call: Call) -> bool {
+        match self {
+            Event::Acquired(_) | Event::Denied => call == Call::Acquire,
+            Event::Released { .. } => call == Call::Release,
+            Event::Extended { by, .. } | Event::NotExtended { by } => {
+                *by == Extension::Extend && call == Call::Extend
+            }
+            Event::Lost => call == Call::Extend,
+            Event::Failed(_) => true,
+            Event::RenewalFailed(_) => false,
+        }
+    }
+}
+
+/// An operation the application starts on a machine: [`Protocol::acquire`],
+/// [`Protocol::release`] or [`Protocol::extend`]. One is in flight at a
+/// time; [`Event::concludes`] says which event ends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// [`Protocol::acquire`].
+    Acquire,
+    /// [`Protocol::release`].
+    Release,
+    /// [`Protocol::extend`].
+    Extend,
+}
+
 /// Which operation an [`Event::Extended`] or [`Event::NotExtended`]
 /// concludes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -22,8 +22,8 @@ use lockwright_core::keyspace::{
 };
 use lockwright_core::rng::SplitMix64;
 use lockwright_core::{
-    Acquire, ClockUse, Config, Event, Extension, Machine, Millis, Outcome, Protocol, ProtocolId,
-    Request, Token,
+    Acquire, Call, ClockUse, Config, Event, Extension, Machine, Millis, Outcome, Protocol,
+    ProtocolId, Request, Token,
 };
 use std::collections::BTreeSet;
 
@@ -70,19 +70,10 @@ fn kind_of(event: &Event) -> usize {
     }
 }
 
-/// An operation of the application, from its call returning `Ok` to the
-/// event that concludes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pending {
-    Acquire,
-    Release,
-    Extend,
-}
-
 /// The application's call of `op` returned `Ok`: a machine takes one
 /// operation at a time, so nothing may still be pending (an operation it
 /// dropped without concluding would leave its driver waiting for ever).
-fn start(pending: &mut Option<Pending>, op: Pending, problems: &mut Vec<String>) {
+fn start(pending: &mut Option<Call>, op: Call, problems: &mut Vec<String>) {
     if let Some(before) = pending.replace(op) {
         problems.push(format!(
             "{op:?} started while {before:?} was never concluded"
@@ -90,35 +81,30 @@ fn start(pending: &mut Option<Pending>, op: Pending, problems: &mut Vec<String>)
     }
 }
 
-/// The contract's rule of which operation an event concludes
-/// (`lockwright_core::Event`'s docs): `Acquired` and `Denied` an acquire,
-/// `Released` a release, `Extended`/`NotExtended` by `Extend` an extend,
-/// `Failed` whatever is pending, `Lost` a pending extend and nothing else
-/// (an acquire or a release goes on), renewals' events nothing. Returns
-/// what is pending after `event`, or why the event does not fit.
-fn conclude(pending: Option<Pending>, event: &Event) -> Result<Option<Pending>, String> {
-    use Pending::*;
-    let concludes = match event {
-        Event::Acquired(_) | Event::Denied => Some(Acquire),
-        Event::Released { .. } => Some(Release),
-        Event::Extended { by, .. } | Event::NotExtended { by } => {
-            (*by == Extension::Extend).then_some(Extend)
-        }
-        Event::Failed(_) => {
-            return match pending {
-                Some(_) => Ok(None),
-                None => Err("Failed with nothing pending".into()),
+/// What is pending after `event` by the contract's rule
+/// ([`Event::concludes`]), or why the event does not fit: an event that
+/// only ever concludes a call (all but `Lost` and a renewal's events) must
+/// find that call pending.
+fn conclude(pending: Option<Call>, event: &Event) -> Result<Option<Call>, String> {
+    if pending.is_some_and(|call| event.concludes(call)) {
+        return Ok(None);
+    }
+    let may_conclude_nothing = matches!(
+        event,
+        Event::Lost
+            | Event::RenewalFailed(_)
+            | Event::Extended {
+                by: Extension::Renewal,
+                ..
             }
-        }
-        Event::Lost => return Ok(pending.filter(|p| *p != Extend)),
-        Event::RenewalFailed(_) => None,
-    };
-    match concludes {
-        None => Ok(pending),
-        Some(op) if pending == Some(op) => Ok(None),
-        Some(op) => Err(format!(
-            "{event:?} concludes {op:?} but {pending:?} was pending"
-        )),
+            | Event::NotExtended {
+                by: Extension::Renewal
+            }
+    );
+    if may_conclude_nothing {
+        Ok(pending)
+    } else {
+        Err(format!("{event:?} concludes nothing pending ({pending:?})"))
     }
 }
 
@@ -178,7 +164,7 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
     let mut superseded = BTreeSet::new();
     let mut rng = SplitMix64(seed);
     let mut run = Run::default();
-    let mut pending: Vec<Option<Pending>> = vec![None; clients];
+    let mut pending: Vec<Option<Call>> = vec![None; clients];
     let mut t = 0u64;
     let now = |t: u64| Millis(client_base + t);
 
@@ -201,22 +187,22 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
         match choice {
             0 => {
                 if m.acquire(now(t), Acquire::Until(now(t + 3_000))).is_ok() {
-                    start(&mut pending[c], Pending::Acquire, &mut run.misconcluded);
+                    start(&mut pending[c], Call::Acquire, &mut run.misconcluded);
                 }
             }
             1 => {
                 if m.acquire(now(t), Acquire::Once).is_ok() {
-                    start(&mut pending[c], Pending::Acquire, &mut run.misconcluded);
+                    start(&mut pending[c], Call::Acquire, &mut run.misconcluded);
                 }
             }
             2 => {
                 if m.extend(now(t)).is_ok() {
-                    start(&mut pending[c], Pending::Extend, &mut run.misconcluded);
+                    start(&mut pending[c], Call::Extend, &mut run.misconcluded);
                 }
             }
             3 => {
                 if m.release(now(t)).is_ok() {
-                    start(&mut pending[c], Pending::Release, &mut run.misconcluded);
+                    start(&mut pending[c], Call::Release, &mut run.misconcluded);
                 }
             }
             4 => {
@@ -292,9 +278,9 @@ fn walk(id: ProtocolId, variant: u8, seed: u64, client_base: u64) -> Run {
                 if event == Event::Lost {
                     let kind = match pending[c] {
                         None => 0,
-                        Some(Pending::Acquire) => 1,
-                        Some(Pending::Release) => 2,
-                        Some(Pending::Extend) => 3,
+                        Some(Call::Acquire) => 1,
+                        Some(Call::Release) => 2,
+                        Some(Call::Extend) => 3,
                     };
                     run.lost_while[kind] += 1;
                 }

@@ -37,7 +37,7 @@
 
 use lockwright_core::keyspace::{Arg, Command, Reply};
 use lockwright_core::{
-    Acquire, Config, ConfigError, Event, Extension, Lease, Machine, Millis, Outcome, Protocol,
+    Acquire, Call, Config, ConfigError, Event, Lease, Machine, Millis, Outcome, Protocol,
     ProtocolError, ProtocolId, Request, RequestId, Token, UsageError,
 };
 use std::io::{BufRead, BufReader, Write};
@@ -190,33 +190,6 @@ impl Guard {
     }
 }
 
-/// The application's call a [`Driver::run`] waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    Acquire,
-    Extend,
-    Release,
-}
-
-impl Call {
-    /// Does `event` conclude this call? The contract's rule: `Acquired` and
-    /// `Denied` an acquire, `Released` a release, `Extended` and
-    /// `NotExtended` by the application's extend, and `Lost`, an extend;
-    /// `Failed` any call; a renewal's events none.
-    fn concluded_by(self, event: &Event) -> bool {
-        match event {
-            Event::Acquired(_) | Event::Denied => self == Call::Acquire,
-            Event::Released { .. } => self == Call::Release,
-            Event::Extended { by, .. } | Event::NotExtended { by } => {
-                *by == Extension::Extend && self == Call::Extend
-            }
-            Event::Lost => self == Call::Extend,
-            Event::Failed(_) => true,
-            Event::RenewalFailed(_) => false,
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Driver {
     machine: Machine,
@@ -227,8 +200,8 @@ struct Driver {
 }
 
 impl Driver {
-    /// Run the machine until it concludes the application's `call` (the
-    /// event that docs/driving.md says concludes it): send its requests,
+    /// Run the machine until it concludes the application's `call`
+    /// ([`Event::concludes`]): send its requests,
     /// hand it the replies, sleep until its timers.
     fn run(&mut self, call: Call) -> Result<Event, Error> {
         self.unanswered = None;
@@ -243,7 +216,7 @@ impl Driver {
             if let Some(event) = self.machine.poll_event() {
                 match event {
                     Event::Failed(e) => return Err(e.into()),
-                    concluded if call.concluded_by(&concluded) => return Ok(concluded),
+                    concluded if concluded.concludes(call) => return Ok(concluded),
                     _ => {}
                 }
                 continue;
