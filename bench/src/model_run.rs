@@ -1,4 +1,4 @@
-//! Section 5: the verdict matrix through `lockwright_model::matrix::check`.
+//! Section 6: the verdict matrix through `lockwright_model::matrix::check`.
 //!
 //! Each (protocol, fault) run happens in a child process (this binary with
 //! `--model-cell`), so a run that exceeds the cap can be stopped and

@@ -1234,12 +1234,13 @@ impl Report {
         let _ = writeln!(
             o,
             "`lockwright_model::matrix::check` (breadth-first, {} checker threads, no trace \
-             shortening) for every catalogue protocol under each of the nine matrix columns, each \
+             shortening) for every catalogue protocol under each of the {} matrix columns, each \
              (protocol, fault) run in a child process capped at {} s; a run over the cap is stopped \
              and listed as skipped (raise the cap with `--model-cap SECS`). The verdicts themselves \
              are the `lockwright check` command's business (docs of `model/`); this section reports \
              cost only.\n",
             self.model_threads,
+            lockwright_model::Fault::COLUMNS.len(),
             self.settings.model_cap.as_secs()
         );
         let mut per: BTreeMap<&str, (u64, f64, usize, usize)> = BTreeMap::new();
