@@ -1345,14 +1345,15 @@ async fn run_in(
     } else {
         Vec::new()
     };
+    let ahead_ms = ClientClock::skewed(config.ttl_ms).offset;
     let skew_args = [
         "-e".to_owned(),
         format!("LD_PRELOAD={LIBFAKETIME}"),
         "-e".to_owned(),
         format!(
             "FAKETIME=+{}.{:03} x{SKEW_RATE}",
-            ClientClock::skewed(config.ttl_ms).offset / 1000,
-            ClientClock::skewed(config.ttl_ms).offset % 1000
+            ahead_ms / 1000,
+            ahead_ms % 1000
         ),
     ];
     for index in 0..config.clients {
