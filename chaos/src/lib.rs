@@ -96,8 +96,9 @@
 //! strikes is listed in [`nemesis::run`]), one per column of the model: client `crash` (`docker kill`, for good), client `pause`
 //! (`docker pause`), `client-skew` (libfaketime in about half the client
 //! containers: half a TTL ahead, 1 % slow, checked from each client's
-//! clock probes), `partition` (iptables black holes between chosen client
-//! and node containers), `restart`, `restart-persisted`, `restart-delayed`
+//! clock probes), `partition` and `client-partition` (iptables black holes
+//! between chosen client and node containers, or one client and one node),
+//! `restart`, `restart-persisted`, `restart-delayed`
 //! and `clock-back` (SIGKILL of a node's `redis-server`, started again by
 //! the node container's supervisor: at once, with AOF, after more than a
 //! TTL, or with its libfaketime clock set back), `clock-jump`

@@ -956,7 +956,7 @@ impl Run<'_> {
                 if let Err(what) = answer {
                     return Ok(Some(what));
                 }
-                let lost = state.nodes[usize::from(node)].cut;
+                let lost = state.nodes[usize::from(node)].cut_off(client);
                 if matches!(action, Action::RoundTrip { .. })
                     && answer == Ok(Outcome::Unknown)
                     && !lost
@@ -993,7 +993,7 @@ impl Run<'_> {
                     })?;
                 let retired = retired(client, slot);
                 let model_node = &state.nodes[usize::from(node)];
-                if !model_node.cut && model_node.reachable(state.time) {
+                if !model_node.cut_off(client) && model_node.up(state.time) {
                     // On the retired connection when there was one; a pair
                     // that had none has no session state to keep.
                     self.report.requests += 1;
@@ -1064,6 +1064,7 @@ impl Run<'_> {
             | Action::Hold { .. }
             | Action::LoseRequest { .. }
             | Action::Cut(_)
+            | Action::CutLink { .. }
             | Action::Heal(_) => Vec::new(),
         };
         self.set_clocks(next)?;
@@ -1175,10 +1176,10 @@ impl Run<'_> {
             .ok_or_else(|| ChaosError::UnexpectedReply("the model gave no answer".into()))?;
         let model_node = &state.nodes[usize::from(node)];
         let container = self.slots[usize::from(node)];
-        let observed = if model_node.cut {
+        let observed = if model_node.cut_off(client) {
             // The partition is the harness: the request is not sent.
             Outcome::Unknown
-        } else if !model_node.reachable(state.time) && !self.containers.down[container] {
+        } else if !model_node.up(state.time) && !self.containers.down[container] {
             // The node is still coming up (the millisecond a restart or a
             // promotion takes in the model) on a server that is already
             // up: the harness plays the refusal, and the connection it

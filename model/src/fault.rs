@@ -51,11 +51,16 @@ pub enum Fault {
     /// A node is cut off from every client for a while; requests into the
     /// cut are lost (black-holed) and their senders time out.
     Partition,
+    /// One client is cut off from one node for a while, while the other
+    /// clients still reach it: the client's requests to that node are lost
+    /// (black-holed) and it times out, as under [`Fault::Partition`], but
+    /// the others go on acquiring and releasing there meanwhile.
+    ClientPartition,
 }
 
 impl Fault {
-    /// The ten columns of the verdict matrix.
-    pub const COLUMNS: [Fault; 10] = [
+    /// The eleven columns of the verdict matrix.
+    pub const COLUMNS: [Fault; 11] = [
         Fault::None,
         Fault::Crash,
         Fault::Pause,
@@ -66,11 +71,12 @@ impl Fault {
         Fault::Failover,
         Fault::Delay,
         Fault::Partition,
+        Fault::ClientPartition,
     ];
 
     /// Every fault, the columns first, then the restart and failover
     /// variants.
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::None,
         Fault::Crash,
         Fault::Pause,
@@ -81,6 +87,7 @@ impl Fault {
         Fault::Failover,
         Fault::Delay,
         Fault::Partition,
+        Fault::ClientPartition,
         Fault::RestartDelayed,
         Fault::RestartPersisted,
         Fault::FailoverClockLag,
@@ -99,6 +106,7 @@ impl Fault {
                 Family::Restart
             }
             Fault::Failover | Fault::FailoverClockLag => Family::Failover,
+            Fault::Partition | Fault::ClientPartition => Family::Partition,
             _ => Family::Own,
         }
     }
@@ -119,6 +127,7 @@ impl Fault {
             Fault::FailoverClockLag => "failover-clock-lag",
             Fault::Delay => "delay",
             Fault::Partition => "partition",
+            Fault::ClientPartition => "client-partition",
         }
     }
 }
@@ -131,6 +140,9 @@ pub enum Family {
     Restart,
     /// Node 0's replica is promoted (`failover`, `failover-clock-lag`).
     Failover,
+    /// A node is cut off (`partition`, `client-partition`): one heal ends
+    /// either cut.
+    Partition,
     /// A step of its own.
     Own,
 }
@@ -168,7 +180,7 @@ impl FaultPair {
     }
 
     /// Every pair of two matrix columns ([`Fault::COLUMNS`]), in column
-    /// order: the 35 that [`FaultPair::new`] allows.
+    /// order: the 43 that [`FaultPair::new`] allows.
     pub fn of_columns() -> Vec<FaultPair> {
         let mut out = Vec::new();
         for (i, &a) in Fault::COLUMNS.iter().enumerate() {
@@ -214,13 +226,15 @@ pub enum PairError {
     #[error("{0}+{0}: a pair needs two different faults (each acts once per run)")]
     Twice(Fault),
     /// Two variants of one step.
-    #[error("{0}+{1}: both are a variant of the same step (a restart, or a failover); pick one")]
+    #[error(
+        "{0}+{1}: both are a variant of the same step (a restart, a failover, or a cut); pick one"
+    )]
     SameStep(Fault, Fault),
 }
 
 /// A name that is not a fault class.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown fault {0:?}; known: none, crash, pause, client-skew, clock-jump, clock-back, restart, restart-delayed, restart-persisted, failover, failover-clock-lag, delay, partition")]
+#[error("unknown fault {0:?}; known: none, crash, pause, client-skew, clock-jump, clock-back, restart, restart-delayed, restart-persisted, failover, failover-clock-lag, delay, partition, client-partition")]
 pub struct UnknownFault(pub String);
 
 /// A safety or liveness property.
@@ -239,7 +253,10 @@ pub enum PropertyId {
     OwnerOnly,
     /// A running waiting client does not wait longer than `2·ttl + 2·longest
     /// retry delay (with jitter)` while no live client is inside and every
-    /// node is up and reachable (no deadlock, no leaked permit). A client
+    /// node is up and reachable (no deadlock, no leaked permit); a client
+    /// cut off alone from a node (`client-partition`) is excused until the
+    /// cut heals, and its wait counts from then, while the others are
+    /// judged throughout. A client
     /// whose acquire gave up (an error reply, or its deadline) still waits:
     /// it wanted the lock and did not get it.
     Progress,

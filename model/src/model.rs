@@ -48,7 +48,9 @@
 //! on the new connection (`delay` holds one request that long). A request
 //! to a node that is down, or on a connection that died with a restart,
 //! fails at once; a request into a partition is lost, and its client times
-//! out.
+//! out. A partition cuts a node off from every client (`partition`) or one
+//! client off from one node while the others still reach it
+//! (`client-partition`): [`NodeState::cut`] keeps a bit per client.
 //!
 //! # Ghosts
 //!
@@ -374,15 +376,13 @@ pub fn standard_clients(protocol: ProtocolId) -> u8 {
 /// The number of clients with which progress is checked, for every
 /// protocol. A run that checks progress cannot stop early where progress
 /// holds: it has to cover the whole space. With three clients, the two
-/// protocols of [`standard_clients`] reach 85 million states over their
-/// thirteen faults. Where the model's own invariants are off
-/// ([`LockModel::sanity`]: `lockwright check` without a cache, the bench),
-/// the three-client safety run stops once its three properties are found,
-/// as they are in every column, and the 26 rows take 7.3 million states
-/// (39 s on 2 cores). The standard run behind the published verdicts keeps
-/// the invariants on, so its safety runs cover the whole three-client space
-/// all the same; progress stays at two clients there too, so that both
-/// paths check the same bounds. One all-in-one three-client run found
+/// protocols of [`standard_clients`] reach 85 million states over
+/// thirteen faults. The three-client safety run stops once its three
+/// properties are found, as they are in nearly every column: the model's
+/// own invariants ([`LockModel::sanity`]), which would keep it going to the
+/// end of the space, ride on the progress run instead
+/// ([`crate::matrix::checks_invariants`]), and the 26 rows took 7.3
+/// million states (39 s on 2 cores). Progress stays at two clients. One all-in-one three-client run found
 /// progress holding in all 26 rows, as with two clients;
 /// `tests/clients.rs` repeats that comparison within its cap.
 pub const PROGRESS_CLIENTS: u8 = 2;
@@ -542,8 +542,9 @@ pub struct NodeState {
     pub offset: u64,
     /// Down (restarting) until this true time.
     pub down_until: Option<u64>,
-    /// Cut off from every client.
-    pub cut: bool,
+    /// The clients cut off from the node, one bit per client: every bit
+    /// under `partition`, one under `client-partition`.
+    pub cut: u8,
     /// The asynchronous replica (`failover` only).
     pub replica: Option<Keyspace>,
     /// Ghost: which client last wrote each string key.
@@ -570,10 +571,20 @@ impl NodeState {
         self.connected = 0;
     }
 
-    /// Does a request reach the node at true time `t` (it is neither cut
-    /// off nor down)?
+    /// Does a request of every client reach the node at true time `t` (it
+    /// is neither cut off from any client nor down)?
     pub fn reachable(&self, t: u64) -> bool {
-        !self.cut && self.down_until.is_none_or(|u| t >= u)
+        self.cut == 0 && self.up(t)
+    }
+
+    /// Is the node up at true time `t` (not restarting)?
+    pub fn up(&self, t: u64) -> bool {
+        self.down_until.is_none_or(|u| t >= u)
+    }
+
+    /// Is client `c` cut off from the node?
+    pub fn cut_off(&self, c: u8) -> bool {
+        self.cut & (1u8 << c) != 0
     }
 }
 
@@ -818,8 +829,8 @@ pub struct State {
     pub grants: u32,
     /// A release or extend touched another owner's hold (ghost, sticky).
     pub owner_violation: bool,
-    /// Last true time a live client was inside or a node was cut off or
-    /// down: a waiter's patience runs from here.
+    /// Last true time a live client was inside or a node was cut off from
+    /// every client or down: a waiter's patience runs from here.
     pub last_inside: u64,
 }
 
@@ -922,7 +933,15 @@ pub enum Action {
     },
     /// `partition`: the node is cut off from every client.
     Cut(u8),
-    /// `partition`: the cut heals.
+    /// `client-partition`: the client is cut off from the node; the other
+    /// clients still reach it.
+    CutLink {
+        /// Client.
+        client: u8,
+        /// Node.
+        node: u8,
+    },
+    /// `partition`, `client-partition`: the cut heals.
     Heal(u8),
 }
 
@@ -1003,7 +1022,7 @@ impl LockModel {
                 keyspace: Keyspace::new(),
                 offset: NODE_CLOCK_START,
                 down_until: None,
-                cut: false,
+                cut: 0,
                 replica: None,
                 writers: BTreeMap::new(),
                 connected: 0,
@@ -1491,9 +1510,9 @@ impl LockModel {
         let t = state.time;
         let node = &mut state.nodes[usize::from(n)];
         let bit = 1u8 << c;
-        let (outcome, lost) = if node.cut {
+        let (outcome, lost) = if node.cut_off(c) {
             (Outcome::Unknown, true)
-        } else if node.dead & bit != 0 || !node.reachable(t) {
+        } else if node.dead & bit != 0 || !node.up(t) {
             node.dead &= !bit;
             (Outcome::Unknown, false)
         } else {
@@ -1520,7 +1539,7 @@ impl LockModel {
         let t = state.time;
         let conn = orphan_conn(c, slot);
         let node = &state.nodes[usize::from(n)];
-        if !node.cut && node.dead & (1u8 << c) == 0 && node.reachable(t) {
+        if !node.cut_off(c) && node.dead & (1u8 << c) == 0 && node.up(t) {
             self.execute(state, c, n, &sent.request.command, conn);
         }
         state.nodes[usize::from(n)].keyspace.drop_connection(conn);
@@ -1630,7 +1649,13 @@ impl LockModel {
     fn after_step(&self, state: &mut State) {
         self.server_grants(state);
         let t = state.time;
-        let obstructed = state.nodes.iter().any(|n| !n.reachable(t));
+        // A node down or cut off from every client obstructs every client;
+        // a cut of one client excuses that client alone (`progress`).
+        let every = self.every_client();
+        let obstructed = state
+            .nodes
+            .iter()
+            .any(|n| !n.up(t) || (n.cut != 0 && n.cut == every));
         if obstructed || state.clients.iter().any(|c| c.inside(t)) {
             state.last_inside = t;
         }
@@ -1664,8 +1689,12 @@ impl LockModel {
             }
             PropertyId::FencedResource => !state.resource.stale_accepted,
             PropertyId::OwnerOnly => !state.owner_violation,
-            PropertyId::Progress => state.clients.iter().all(|c| {
+            PropertyId::Progress => state.clients.iter().enumerate().all(|(i, c)| {
+                // A client cut off from a node is excused while it is; its
+                // patience counts from the heal (see `Action::Heal`).
+                let cut = state.nodes.iter().any(|n| n.cut_off(i as u8));
                 !c.runs()
+                    || cut
                     || c.waiting_since.is_none_or(|w| {
                         state.time.saturating_sub(w.max(state.last_inside)) <= self.cfg.patience()
                     })
@@ -1673,8 +1702,13 @@ impl LockModel {
         }
     }
 
-    /// May a client-level fault (crash, pause, a held or lost message)
-    /// strike client `c`? Clients start identical but for their token, and
+    /// One bit for each of the run's clients (a node cut off from all).
+    fn every_client(&self) -> u8 {
+        u8::MAX >> (8 - self.cfg.clients)
+    }
+
+    /// May a client-level fault (crash, pause, a held or lost message, a
+    /// client's cut from a node) strike client `c`? Clients start identical but for their token, and
     /// every step is defined alike for each, so renaming `c0` and `c1`
     /// maps any run in which `c1` is struck to one in which `c0` is: a
     /// symmetry reduction over identical clients. It does not hold where
@@ -1690,7 +1724,12 @@ impl LockModel {
                 || self
                     .cfg
                     .faults()
-                    .filter(|f| matches!(f, Fault::Crash | Fault::Pause | Fault::Delay))
+                    .filter(|f| {
+                        matches!(
+                            f,
+                            Fault::Crash | Fault::Pause | Fault::Delay | Fault::ClientPartition
+                        )
+                    })
                     .count()
                     > 1);
         c == 0
@@ -1711,7 +1750,7 @@ impl LockModel {
             .faults()
             .filter(|f| {
                 *f == Fault::ClockJump
-                    || *f == Fault::Partition
+                    || f.family() == Family::Partition
                     || matches!(f.family(), Family::Restart | Family::Failover)
             })
             .count();
@@ -1801,8 +1840,13 @@ impl LockModel {
                 if can(Fault::Partition) {
                     actions.push(Action::Cut(n));
                 }
+                if can(Fault::ClientPartition) {
+                    for c in (0..cfg.clients).filter(|&c| self.may_strike(c)) {
+                        actions.push(Action::CutLink { client: c, node: n });
+                    }
+                }
             }
-            if node.cut {
+            if node.cut != 0 {
                 actions.push(Action::Heal(n));
             }
         }
@@ -1980,7 +2024,7 @@ impl LockModel {
                     // old master, not it. (A single fault leaves these as
                     // they start, so this changes no single-fault run.)
                     node.offset = NODE_CLOCK_START;
-                    node.cut = false;
+                    node.cut = 0;
                     if self.cfg.has(Fault::FailoverClockLag) {
                         node.offset -= CLOCK_STEP_BACK;
                     }
@@ -2027,9 +2071,26 @@ impl LockModel {
             }
             Action::Cut(n) => {
                 s.budget &= !self.cfg.budget_bit(Fault::Partition);
-                s.nodes[usize::from(n)].cut = true;
+                s.nodes[usize::from(n)].cut = self.every_client();
             }
-            Action::Heal(n) => s.nodes[usize::from(n)].cut = false,
+            Action::CutLink { client, node } => {
+                s.budget &= !self.cfg.budget_bit(Fault::ClientPartition);
+                s.nodes[usize::from(node)].cut = 1u8 << client;
+            }
+            Action::Heal(n) => {
+                let cut = std::mem::take(&mut s.nodes[usize::from(n)].cut);
+                // A client cut off alone waited without reaching the node:
+                // as after a pause, its patience counts from now. (A cut of
+                // every client holds every waiter's patience back through
+                // `State::last_inside` instead.)
+                if cut != self.every_client() {
+                    for (c, client) in s.clients.iter_mut().enumerate() {
+                        if cut & (1u8 << c) != 0 && client.waiting_since.is_some() {
+                            client.waiting_since = Some(s.time);
+                        }
+                    }
+                }
+            }
         }
         self.after_step(&mut s);
         Some(s)
@@ -2059,8 +2120,14 @@ impl LockModel {
         for (i, n) in state.nodes.iter().enumerate() {
             let now = n.now(state.time);
             let _ = write!(out, " | n{i}@{} {}", now.get(), n.keyspace.render(now));
-            if n.cut {
+            if n.cut != 0 && n.cut == self.every_client() {
                 out.push_str(" CUT");
+            } else if n.cut != 0 {
+                for c in 0..8u8 {
+                    if n.cut_off(c) {
+                        let _ = write!(out, " CUT(c{c})");
+                    }
+                }
             }
             if n.down_until.is_some_and(|u| state.time < u) {
                 out.push_str(" DOWN");
@@ -2079,7 +2146,9 @@ impl LockModel {
                 };
                 let reply = match self.answer(state, *client, *node) {
                     Some(Outcome::Reply(reply)) => format!("→ {}", reply_text(&reply)),
-                    _ if state.nodes[usize::from(*node)].cut => "(lost in the cut)".to_owned(),
+                    _ if state.nodes[usize::from(*node)].cut_off(*client) => {
+                        "(lost in the cut)".to_owned()
+                    }
                     _ => "→ no reply (unknown outcome)".to_owned(),
                 };
                 format!(
@@ -2163,6 +2232,7 @@ impl LockModel {
                 }
             }
             Action::Cut(n) => format!("n{n} is cut off"),
+            Action::CutLink { client, node } => format!("c{client} is cut off from n{node}"),
             Action::Heal(n) => format!("n{n}'s cut heals"),
         }
     }

@@ -38,8 +38,8 @@ pub fn pair_model(
 
 /// Every property of `protocol` under `pair`, one run per group of
 /// [`matrix::standard_groups`]. With a `cache`, as [`matrix::standard_run`]
-/// does it (one thread, the model's own invariants on, shortest
-/// counterexamples; read back when stored); without, with `threads` and
+/// does it (one thread, the model's own invariants on in the progress run,
+/// shortest counterexamples; read back when stored); without, with `threads` and
 /// the shortest counterexamples. The cells' `fault` is the pair's first.
 pub fn pair_run(
     protocol: ProtocolId,
@@ -49,10 +49,10 @@ pub fn pair_run(
 ) -> Result<Run, CheckError> {
     let mut runs = Vec::new();
     for group in matrix::standard_groups(protocol) {
-        let mut model = pair_model(protocol, pair, group)?;
+        let mut model = pair_model(protocol, pair, group.clone())?;
         runs.push(match cache {
             Some(cache) => {
-                model.sanity = true;
+                model.sanity = matrix::checks_invariants(&group);
                 cache.run(model)?
             }
             None => matrix::check_model(model, threads.max(1), true)?,

@@ -214,7 +214,8 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     Action::Replicate | Action::Promote => node_lane(0),
                     Action::LoseRequest { node, .. }
                     | Action::LoseReply { node, .. }
-                    | Action::Hold { node, .. } => node_lane(*node),
+                    | Action::Hold { node, .. }
+                    | Action::CutLink { node, .. } => node_lane(*node),
                     _ => usize::MAX,
                 };
                 let colour = match action {
@@ -224,6 +225,7 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     | Action::Restart(_)
                     | Action::Promote
                     | Action::Cut(_)
+                    | Action::CutLink { .. }
                     | Action::LoseRequest { .. }
                     | Action::Hold { .. }
                     | Action::LoseReply { .. } => "#c62828",

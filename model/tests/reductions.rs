@@ -84,7 +84,12 @@ const KNOWN_GAPS: [(ProtocolId, Fault, &str, &str); 0] = [];
 fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fault>)> {
     let all = Reductions::ALL;
     let costly = costly_faults();
-    let client_faults = vec![Fault::Crash, Fault::Pause, Fault::Delay];
+    let client_faults = vec![
+        Fault::Crash,
+        Fault::Pause,
+        Fault::Delay,
+        Fault::ClientPartition,
+    ];
     let mut out = vec![
         (
             "client symmetry",
@@ -166,6 +171,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
                 Fault::RestartDelayed,
                 Fault::RestartPersisted,
                 Fault::Partition,
+                Fault::ClientPartition,
             ],
         ));
     }
@@ -321,6 +327,7 @@ fn fault_pairs_keep_their_verdicts_without_symmetry() {
         (Fault::Pause, Fault::Failover, false),
         (Fault::Crash, Fault::Partition, false),
         (Fault::Crash, Fault::Pause, true),
+        (Fault::Pause, Fault::ClientPartition, true),
         (Fault::ClientSkew, Fault::Crash, true),
     ];
     for protocol in [

@@ -57,7 +57,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,crash,pause,client-skew,clock-jump,clock-back,restart,failover,delay,partition,restart-delayed,restart-persisted,failover-clock-lag"
+        default_value = "none,crash,pause,client-skew,clock-jump,clock-back,restart,failover,delay,partition,client-partition,restart-delayed,restart-persisted,failover-clock-lag"
     )]
     faults: Vec<String>,
     /// Mutations to try, comma-separated.

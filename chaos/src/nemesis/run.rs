@@ -28,6 +28,10 @@
 //!   client and node containers (both directions of each pair: a black hole,
 //!   no reset), for 1.5 to 3 TTLs, begun as a client enters its section (when
 //!   one does within a TTL) and always cutting that client.
+//! - **`client-partition`**: the same rules between one client (the one that
+//!   has just entered, when one does) and one node, while every other client
+//!   still reaches it; the model's column of that name cuts one client from
+//!   one node once, the nemesis again after each heal.
 //! - **`restart`**: SIGKILL of a node's `redis-server` process as a client
 //!   begins the last step of its section (when one does within two TTLs; on
 //!   RedLock, a node of a holder whose token is on exactly three of the
@@ -1165,7 +1169,8 @@ async fn run_in(
     image: &str,
     topology: &mut Topology,
 ) -> Result<RunReport, ChaosError> {
-    if (config.fault == Fault::Partition || config.fault.has_replica())
+    if (matches!(config.fault, Fault::Partition | Fault::ClientPartition)
+        || config.fault.has_replica())
         && !bridged_traffic_filtered(
             std::fs::read_to_string(BRIDGE_NF_CALL_IPTABLES)
                 .ok()
@@ -1511,8 +1516,11 @@ async fn run_in(
                 .map(|(client, _)| client)
                 .filter(|c| open_reads.contains_key(c))
         };
-        let aimed =
-            at_mark || matches!(config.fault, Fault::Partition | Fault::Crash | Fault::Delay);
+        let aimed = at_mark
+            || matches!(
+                config.fault,
+                Fault::Partition | Fault::ClientPartition | Fault::Crash | Fault::Delay
+            );
         let patience = Duration::from_millis(if at_mark { ttl * 2 } else { ttl });
         if aimed && entered.is_none() && Instant::now() < next_fault + patience {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1631,8 +1639,11 @@ async fn run_in(
                 faults.push(format!("pause client {target} {hold} ms"));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 10, ttl / 2));
             }
-            Fault::Partition => {
-                let cut = config.clients / 2 + 1;
+            Fault::Partition | Fault::ClientPartition => {
+                // `partition`: a majority of the clients from some nodes;
+                // `client-partition`: one client from one node.
+                let one = config.fault == Fault::ClientPartition;
+                let cut = if one { 1 } else { config.clients / 2 + 1 };
                 let mut chosen = rng.choose(config.clients, cut);
                 // The holder that has just entered (else any inside) is
                 // always among the cut: the partition then tests what it
@@ -1645,7 +1656,7 @@ async fn run_in(
                         chosen[0] = holder;
                     }
                 }
-                let node_count = if config.nodes() == 1 {
+                let node_count = if one || config.nodes() == 1 {
                     1
                 } else {
                     rng.range(2, 3) as usize
@@ -1666,7 +1677,7 @@ async fn run_in(
                 }
                 tokio::time::sleep(Duration::from_millis(hold)).await;
                 topology.remove_rules().await?;
-                faults.push(format!("partition {} {hold} ms", text.join(",")));
+                faults.push(format!("{} {} {hold} ms", config.fault, text.join(",")));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
             }
             Fault::Failover | Fault::FailoverClockLag => {

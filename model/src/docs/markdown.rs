@@ -43,7 +43,7 @@ fn property_summary(p: PropertyId) -> &'static str {
         PropertyId::MutualExclusion => "at most one holder (`limit` for semaphores) is inside its critical section; a well-behaved client leaves when its own clock says its validity ran out, unless it is paused",
         PropertyId::FencedResource => "the protected resource never accepts a write from a holder whose hold was superseded by one whose write it already accepted (with fencing it refuses older fences; without, it accepts every write)",
         PropertyId::OwnerOnly => "no release or extend removes or extends another owner's hold",
-        PropertyId::Progress => "a running waiting client does not wait longer than `2·ttl + 2·max retry delay` while no live client is inside and every node is up and reachable",
+        PropertyId::Progress => "a running waiting client does not wait longer than `2·ttl + 2·max retry delay` while no live client is inside and every node is up and reachable (a client cut off alone from a node is excused until the cut heals)",
     }
 }
 
@@ -62,6 +62,7 @@ fn fault_summary(f: Fault) -> &'static str {
         Fault::FailoverClockLag => "failover, with the replica's clock 500 ms behind its master's",
         Fault::Delay => "one request is held up past the TTL (the client times out; the request still runs later, after requests on the new connection may have overtaken it), and one request or reply may be lost",
         Fault::Partition => "a node is cut off from every client for a while; messages into the cut are lost and their senders time out",
+        Fault::ClientPartition => "one client is cut off from one node for a while, while the other clients still reach it; the client's messages into the cut are lost and it times out",
     }
 }
 
@@ -200,7 +201,11 @@ fn verdicts_md(computed: &Computed, rules: &[Rule]) -> String {
     for f in Fault::ALL {
         let _ = writeln!(s, "| `{f}` | {} |", fault_summary(f));
     }
-    s.push_str("\nThe first nine columns are the matrix of `lockwright check`; `restart-delayed` and `restart-persisted` are the restart variants (RedLock's delayed restarts, AOF with `fsync always`).\n");
+    let _ = writeln!(
+        s,
+        "\nThe first {} faults are the columns of `lockwright check`; `restart-delayed`, `restart-persisted` and `failover-clock-lag` are variants of a restart and a failover (RedLock's delayed restarts, AOF with `fsync always`, a promoted replica whose clock lags).",
+        Fault::COLUMNS.len()
+    );
 
     s.push_str("\n## Where each verdict was expected\n\n");
     s.push_str("Every cell is also predicted in `model/expectations.txt`, from the literature or from analysis, before or after investigation; the test `cargo test -p lockwright-model --test matrix` fails when a computed verdict differs. This table lists every cell not decided by the baseline rule (\"no fault of this class breaks this property\"), with the rule that predicts it.\n\n");
