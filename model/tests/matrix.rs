@@ -255,3 +255,71 @@ fn invariants_hold_with_three_clients() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `client-partition` cuts one client off from one node and no one else:
+/// the cut client's request is lost (no reply, nothing run), a rival's
+/// request to the same node runs, and when the cut heals the cut client's
+/// patience starts again (it could not reach the node while cut). With the
+/// cut applied to every client, as `partition` does, the rival's request
+/// would be lost too and this fails.
+#[test]
+fn a_client_cut_off_alone_is_the_only_one_that_loses_its_requests() {
+    use lockwright_model::{Action, LockModel, ModelConfig, State};
+    let model = LockModel::new(
+        ModelConfig::new(ProtocolId::SetPxLua, Fault::ClientPartition),
+        PropertyId::ALL.to_vec(),
+    )
+    .unwrap();
+    let enabled = |s: &State| {
+        let mut actions = Vec::new();
+        model.enabled(s, &mut actions);
+        actions
+    };
+    // The node runs client `c`'s first request, however the model offers it.
+    let run_request = |s: &State, c: u8| -> State {
+        let action = enabled(s)
+            .into_iter()
+            .find(|a| {
+                matches!(a, Action::Deliver { client, node: 0 } | Action::RoundTrip { client, node: 0 } if *client == c)
+            })
+            .unwrap_or_else(|| panic!("c{c} has a request to run"));
+        model.step(s, &action).unwrap()
+    };
+    let start = model.initial();
+    // Clients are alike: only client 0 is struck (client symmetry).
+    let cuts: Vec<Action> = enabled(&start)
+        .into_iter()
+        .filter(|a| matches!(a, Action::CutLink { .. }))
+        .collect();
+    assert_eq!(cuts, vec![Action::CutLink { client: 0, node: 0 }]);
+    let cut = model.step(&start, &cuts[0]).unwrap();
+    assert!(cut.nodes[0].cut_off(0) && !cut.nodes[0].cut_off(1));
+    let now = cut.nodes[0].now(cut.time);
+    let lost = run_request(&cut, 0);
+    assert_eq!(
+        lost.nodes[0].keyspace.live(now).count(),
+        0,
+        "the cut client's acquire must not run"
+    );
+    let reply = &model.link_of(&lost, 0, 0).replies;
+    assert!(
+        reply.front().is_some_and(|r| r.lost) || lost.clients[0].waiting_since.is_some(),
+        "the cut client gets no answer"
+    );
+    let granted = run_request(&lost, 1);
+    assert_eq!(
+        granted.nodes[0].keyspace.live(now).count(),
+        1,
+        "the rival, which still reaches the node, must be granted"
+    );
+    // The heal restarts the cut client's patience.
+    let tick = enabled(&granted)
+        .into_iter()
+        .find(|a| matches!(a, Action::Tick(_)))
+        .expect("time may pass");
+    let later = model.step(&granted, &tick).unwrap();
+    assert!(later.time > granted.time);
+    let healed = model.step(&later, &Action::Heal(0)).unwrap();
+    assert_eq!(healed.nodes[0].cut, 0);
+    assert_eq!(healed.clients[0].waiting_since, Some(healed.time));
+}
