@@ -254,7 +254,8 @@ pub enum PropertyId {
     /// A running waiting client does not wait longer than `2·ttl + 2·longest
     /// retry delay (with jitter)` while no live client is inside and every
     /// node is up and reachable (no deadlock, no leaked permit); a client
-    /// cut off alone from a node (`client-partition`) is excused until the
+    /// cut off alone (`client-partition`) from its node, or from so many
+    /// RedLock masters that it cannot reach a majority, is excused until the
     /// cut heals, and its wait counts from then, while the others are
     /// judged throughout. A client
     /// whose acquire gave up (an error reply, or its deadline) still waits:

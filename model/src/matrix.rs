@@ -312,8 +312,9 @@ pub fn largest_first(cells: &[(ProtocolId, Fault)]) -> Vec<usize> {
 
 /// Whether the standard run of `group` checks the model's own invariants
 /// ([`LockModel::sanity`]): in the group that checks progress, and only
-/// there. Every protocol has exactly one such group, so every cell's
-/// invariants are checked, at [`crate::model::PROGRESS_CLIENTS`] clients.
+/// there. Every protocol has exactly one such group, so every (protocol,
+/// fault) run has its invariants checked over the whole space at
+/// [`crate::model::PROGRESS_CLIENTS`] clients.
 ///
 /// Why not in every group: a run with the invariants on cannot stop early,
 /// since they hold (any counterexample of theirs fails the run), so it
@@ -323,8 +324,9 @@ pub fn largest_first(cells: &[(ProtocolId, Fault)]) -> Vec<usize> {
 /// are all found, which with the invariants on it never did: the
 /// set-px-get-del and setnx-getset rows covered 65 million states for
 /// verdicts found in 7 million. The three-client space is then left
-/// without the invariants; `tests/matrix.rs` checks them there at reduced
-/// bounds (`invariants_hold_with_three_clients`).
+/// without the invariants but for `tests/matrix.rs`, which checks them
+/// there at a shorter horizon under four faults
+/// (`invariants_hold_with_three_clients`).
 pub fn checks_invariants(group: &[PropertyId]) -> bool {
     group.contains(&PropertyId::Progress)
 }

@@ -160,7 +160,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
     // Every reduction off at once: each one's argument is made alone, and
     // this shows that they compose, at a cost the test can pay on every
     // run: the runs with no reduction grow fastest with instants and
-    // faults, so the horizon is one TTL and a latency bound past the grant
+    // faults, so the horizon is one TTL and a latency bound from the start
     // (half a TTL for RedLock's three masters) and the faults are those
     // whose unreduced runs stay small (below 3.5 million states; about 25
     // million over the sixteen protocols; setnx-expire's repair of a
@@ -356,6 +356,7 @@ fn fault_pairs_keep_their_verdicts_without_symmetry() {
         (Fault::Crash, Fault::Partition, false),
         (Fault::Crash, Fault::Pause, true),
         (Fault::Pause, Fault::ClientPartition, true),
+        (Fault::ClientPartition, Fault::Restart, false),
         (Fault::ClientSkew, Fault::Crash, true),
     ];
     for protocol in [
