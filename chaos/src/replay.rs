@@ -760,6 +760,7 @@ impl Bench {
             containers,
             slots: (0..nodes).collect(),
             replica: failover.then_some(REPLICA),
+            old: None,
             conns: BTreeMap::new(),
             admin: BTreeMap::new(),
             store,
@@ -789,6 +790,9 @@ struct Run<'a> {
     slots: Vec<usize>,
     /// The container standing in for node 0's replica (`failover`).
     replica: Option<usize>,
+    /// `split-brain`: the old master's container and the client it still
+    /// serves, from the promotion until it learns of it.
+    old: Option<(usize, u8)>,
     /// One connection per (client, node) pair, opened when first used.
     conns: BTreeMap<(u8, u8), MultiplexedConnection>,
     /// One connection per container for setup and keyspace reads.
@@ -835,7 +839,8 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Every node's (and the replica's) clock at the model's reading in `state`.
+    /// Every node's (and the replica's, and a split brain's old master's)
+    /// clock at the model's reading in `state`.
     fn set_clocks(&mut self, state: &State) -> Result<(), ChaosError> {
         for (n, node) in state.nodes.iter().enumerate() {
             let ms = node.now(state.time).get();
@@ -844,9 +849,22 @@ impl Run<'_> {
                 if let Some(replica) = self.replica {
                     self.set_clock(replica, ms)?;
                 }
+                if let (Some((container, _)), Some(old)) = (self.old, &node.old) {
+                    self.set_clock(container, old.now(state.time).get())?;
+                }
             }
         }
         Ok(())
+    }
+
+    /// The container a request of connection `conn` (a client, or one of
+    /// its retired connections) to `node` reaches: the old master of a
+    /// split brain for the client it still serves, else the node's slot.
+    fn container_of(&self, conn: u8, node: u8) -> usize {
+        match self.old {
+            Some((container, client)) if node == 0 && conn & 0x07 == client => container,
+            _ => self.slots[usize::from(node)],
+        }
     }
 
     async fn start(&mut self, container: usize) -> Result<(), ChaosError> {
@@ -993,7 +1011,11 @@ impl Run<'_> {
                     })?;
                 let retired = retired(client, slot);
                 let model_node = &state.nodes[usize::from(node)];
-                if !model_node.cut_off(client) && model_node.up(state.time) {
+                let up = model_node.on_old_master(client) || model_node.up(state.time);
+                // As the model: not on a connection it has dead or cut off
+                // by a split brain.
+                let alive = (model_node.dead | model_node.stale) & (1u8 << client) == 0;
+                if !model_node.cut_off(client) && up && alive {
                     // On the retired connection when there was one; a pair
                     // that had none has no session state to keep.
                     self.report.requests += 1;
@@ -1046,6 +1068,14 @@ impl Run<'_> {
                 self.promote().await?;
                 vec![0]
             }
+            Action::Split(client) => {
+                self.split(client).await?;
+                vec![0]
+            }
+            Action::Demote => {
+                self.demote(state.nodes[0].stale).await?;
+                Vec::new()
+            }
             Action::Write(client) => {
                 if let Some(what) = self.write(state, client, next).await? {
                     return Ok(Some(what));
@@ -1078,6 +1108,13 @@ impl Run<'_> {
         }
         if matches!(action, Action::Replicate) {
             if let Some(what) = self.compare_replica(next).await? {
+                return Ok(Some(what));
+            }
+        }
+        if let (Some((container, client)), Some(old)) = (self.old, &next.nodes[0].old) {
+            let expected = live(&old.keyspace, old.now(next.time));
+            let name = format!("n0's old master (serving c{client})");
+            if let Some(what) = self.compare(container, expected, &name).await? {
                 return Ok(Some(what));
             }
         }
@@ -1175,11 +1212,15 @@ impl Run<'_> {
             .answer(state, client, node)
             .ok_or_else(|| ChaosError::UnexpectedReply("the model gave no answer".into()))?;
         let model_node = &state.nodes[usize::from(node)];
-        let container = self.slots[usize::from(node)];
-        let observed = if model_node.cut_off(client) {
-            // The partition is the harness: the request is not sent.
+        let container = self.container_of(client, node);
+        let on_old = model_node.on_old_master(client);
+        let stale = model_node.stale & (1u8 << client) != 0;
+        let observed = if model_node.cut_off(client) || stale {
+            // The partition is the harness: the request is not sent (a
+            // split brain's cut between the old master and the clients on
+            // the other side is one).
             Outcome::Unknown
-        } else if !model_node.up(state.time) && !self.containers.down[container] {
+        } else if !on_old && !model_node.up(state.time) && !self.containers.down[container] {
             // The node is still coming up (the millisecond a restart or a
             // promotion takes in the model) on a server that is already
             // up: the harness plays the refusal, and the connection it
@@ -1215,7 +1256,7 @@ impl Run<'_> {
         node: u8,
         command: &lockwright_core::keyspace::Command,
     ) -> Outcome {
-        let container = self.slots[usize::from(node)];
+        let container = self.container_of(client, node);
         if !self.conns.contains_key(&(client, node)) {
             match self
                 .node(container)
@@ -1273,6 +1314,66 @@ impl Run<'_> {
         self.kill(old).await?;
         self.slots[0] = replica;
         self.lose_connections(0);
+        Ok(())
+    }
+
+    /// `split-brain`: the replica becomes node 0 for every client but
+    /// `client`, whose requests still reach the old master, which stays up.
+    /// The others' connections still lead to it, across a cut the harness
+    /// plays (their requests are not sent) until they time out; the next
+    /// ones open on the new master.
+    async fn split(&mut self, client: u8) -> Result<(), ChaosError> {
+        let Some(replica) = self.replica.take() else {
+            return Err(ChaosError::UnexpectedReply("no replica to promote".into()));
+        };
+        if !self.options.node_faults {
+            return Ok(());
+        }
+        self.node(replica).promote().await?;
+        self.report.node_faults += 1;
+        self.old = Some((self.slots[0], client));
+        self.slots[0] = replica;
+        Ok(())
+    }
+
+    /// `split-brain`: the old master learns of the promotion as Sentinel
+    /// tells it: it becomes a replica of the new master (a real sync that
+    /// replaces what was written to it since) and its client connections
+    /// are killed (`CLIENT KILL TYPE normal`): its own client's and those
+    /// of the clients in `stale` (the model's bits), still led to it.
+    /// Where the model keeps a connection of the client's own (the
+    /// protocols that `WATCH`), the next request fails on the killed one;
+    /// the other connections are dropped and the next request opens on the
+    /// new master.
+    async fn demote(&mut self, stale: u8) -> Result<(), ChaosError> {
+        let Some((container, client)) = self.old.take() else {
+            if self.options.node_faults {
+                return Err(ChaosError::UnexpectedReply(
+                    "no old master to demote".into(),
+                ));
+            }
+            return Ok(());
+        };
+        let cluster = &self.containers.cluster;
+        cluster
+            .node(container)
+            .replicate_from(cluster.node(self.slots[0]))
+            .await?;
+        let conn = self.admin(container).await?;
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query_async(conn)
+            .await?;
+        self.report.node_faults += 1;
+        self.report.replications += 1;
+        let on_old = stale | 1u8 << client;
+        let watch = self.model.cfg.protocol.uses_watch();
+        self.conns.retain(|&(conn, node), _| {
+            let killed = node == 0 && on_old & (1u8 << (conn & 0x07)) != 0;
+            !(killed && (conn & 0x80 != 0 || !watch))
+        });
         Ok(())
     }
 

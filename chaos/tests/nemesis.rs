@@ -23,7 +23,7 @@ use lockwright_core::ProtocolId;
 use lockwright_model::Fault;
 
 /// The cells of the CI run.
-const CELLS: [(ProtocolId, Fault); 23] = [
+const CELLS: [(ProtocolId, Fault); 24] = [
     (ProtocolId::SetPxLua, Fault::None),
     (ProtocolId::SetPxLua, Fault::Crash),
     (ProtocolId::SetnxDel, Fault::Crash),
@@ -47,6 +47,7 @@ const CELLS: [(ProtocolId, Fault); 23] = [
     (ProtocolId::SetPxLua, Fault::RestartDelayed),
     (ProtocolId::SetPxLua, Fault::FailoverClockLag),
     (ProtocolId::Redlock, Fault::ClientPartition),
+    (ProtocolId::SetPxLua, Fault::SplitBrain),
 ];
 
 /// The cells run for 16 TTLs, where progress after a healing fault is

@@ -152,12 +152,12 @@ async fn caught(c: &Case, mutation: ReplayOptions) {
 /// node clocks that stand still at 0 (nothing expires, and the successor's
 /// `SET NX` that the model grants is refused); node clocks one millisecond
 /// behind or ahead of the model's (the deadline Redis stores for the first
-/// `SET … PX` differs from the model's by that millisecond); a restart or a
-/// failover that is not carried out (the node still holds the first lock,
-/// or for `time-fenced` and `time-fenced-semaphore` still has the fence
-/// counter, so the second fence is the counter's and not the stepped-back
-/// clock's); node clocks at 0 under `time-fenced` (every fence is the
-/// counter's).
+/// `SET … PX` differs from the model's by that millisecond); a restart, a
+/// failover or a split brain's promotion that is not carried out (the node
+/// still holds the first lock, or for `time-fenced` and
+/// `time-fenced-semaphore` still has the fence counter, so the second
+/// fence is the counter's and not the stepped-back clock's); node clocks
+/// at 0 under `time-fenced` (every fence is the counter's).
 #[tokio::test]
 async fn deliberate_faults_in_the_harness_are_caught() {
     if !docker_ready() {
@@ -214,6 +214,15 @@ async fn deliberate_faults_in_the_harness_are_caught() {
             ProtocolId::TimeFenced,
             Fault::ClockBack,
             PropertyId::FencedResource,
+            ReplayOptions {
+                node_faults: false,
+                ..faithful
+            },
+        ),
+        (
+            ProtocolId::SetPxLua,
+            Fault::SplitBrain,
+            PropertyId::MutualExclusion,
             ReplayOptions {
                 node_faults: false,
                 ..faithful

@@ -38,7 +38,7 @@ enum Command {
         /// Only this protocol (repeatable); default: all.
         #[arg(long = "protocol", short)]
         protocols: Vec<ProtocolId>,
-        /// Only this fault (repeatable); default: the ten matrix columns.
+        /// Only this fault (repeatable); default: the matrix columns.
         #[arg(long = "fault", short)]
         faults: Vec<Fault>,
         /// Check under this pair of faults in one run, each acting once

@@ -545,8 +545,17 @@ pub struct NodeState {
     /// The clients cut off from the node, one bit per client: every bit
     /// under `partition`, one under `client-partition`.
     pub cut: u8,
-    /// The asynchronous replica (`failover` only).
+    /// The asynchronous replica (`failover*`, `split-brain`, until the
+    /// promotion).
     pub replica: Option<Keyspace>,
+    /// `split-brain`: the old master, still serving one client after its
+    /// replica was promoted in this slot, until it learns of the promotion.
+    pub old: Option<Box<OldMaster>>,
+    /// `split-brain`: the other clients, whose connection still leads to
+    /// the old master, cut off from them: their requests are lost (black-
+    /// holed, as under `partition`) until a timeout retires the connection
+    /// and the next one finds the new master.
+    pub stale: u8,
     /// Ghost: which client last wrote each string key.
     pub writers: BTreeMap<String, u8>,
     /// Protocols that `WATCH` (a connection of each client's own): bit `c`
@@ -558,6 +567,28 @@ pub struct NodeState {
     pub dead: u8,
 }
 
+/// The old master of a `split-brain` failover: another machine than the
+/// promoted replica that now serves node 0's slot, still taking one
+/// client's requests.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OldMaster {
+    /// Its data and connections.
+    pub keyspace: Keyspace,
+    /// Its clock reads true time plus this.
+    pub offset: u64,
+    /// Ghost: which client last wrote each string key.
+    pub writers: BTreeMap<String, u8>,
+    /// The client that still reaches it (the others reach the new master).
+    pub client: u8,
+}
+
+impl OldMaster {
+    /// Its clock reading at true time `t`.
+    pub fn now(&self, t: u64) -> Millis {
+        Millis(t + self.offset)
+    }
+}
+
 impl NodeState {
     /// The node's clock reading at true time `t`.
     pub fn now(&self, t: u64) -> Millis {
@@ -565,16 +596,12 @@ impl NodeState {
     }
 
     /// Every open connection dies (a restart, a failover): each client
-    /// notices at its next request.
+    /// notices at its next request. The connection of the client a split
+    /// brain's old master still serves is not to this machine and stays.
     fn lose_connections(&mut self) {
-        self.dead |= self.connected;
-        self.connected = 0;
-    }
-
-    /// Does a request of every client reach the node at true time `t` (it
-    /// is neither cut off from any client nor down)?
-    pub fn reachable(&self, t: u64) -> bool {
-        self.cut == 0 && self.up(t)
+        let kept = self.old.as_ref().map_or(0, |o| 1u8 << o.client) & self.connected;
+        self.dead |= self.connected & !kept;
+        self.connected = kept;
     }
 
     /// Is the node up at true time `t` (not restarting)?
@@ -585,6 +612,29 @@ impl NodeState {
     /// Is client `c` cut off from the node?
     pub fn cut_off(&self, c: u8) -> bool {
         self.cut & (1u8 << c) != 0
+    }
+
+    /// Does client `c`'s request to this slot reach the old master of a
+    /// `split-brain` failover rather than the promoted replica?
+    pub fn on_old_master(&self, c: u8) -> bool {
+        self.old.as_ref().is_some_and(|o| o.client == c)
+    }
+
+    /// When the old master of a `split-brain` serves client `c`, swaps its
+    /// data, clock and ghost writers with the slot's, so that `c`'s request
+    /// runs there, and says so; a second call swaps them back. The old
+    /// master is up (it never went down): the slot's `down_until` is the
+    /// promotion's and stays, so callers ask `up` only of the new master.
+    fn swap_old_for(&mut self, c: u8) -> bool {
+        match self.old.as_deref_mut() {
+            Some(old) if old.client == c => {
+                std::mem::swap(&mut self.keyspace, &mut old.keyspace);
+                std::mem::swap(&mut self.offset, &mut old.offset);
+                std::mem::swap(&mut self.writers, &mut old.writers);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -908,6 +958,15 @@ pub enum Action {
     Replicate,
     /// `failover*`: the replica of node 0 is promoted in its place.
     Promote,
+    /// `split-brain`: the replica of node 0 is promoted in its place, while
+    /// the old master still serves this client (the others now reach the
+    /// new master).
+    Split(u8),
+    /// `split-brain`: the old master learns of the promotion: it becomes a
+    /// replica of the new master, dropping what was written to it since,
+    /// and kills its clients' connections, so that requests its client has
+    /// on the way fail.
+    Demote,
     /// `delay`: the first message on the link is held up beyond the
     /// latency bound, until after the lease's TTL.
     Hold {
@@ -1024,6 +1083,8 @@ impl LockModel {
                 down_until: None,
                 cut: 0,
                 replica: None,
+                old: None,
+                stale: 0,
                 writers: BTreeMap::new(),
                 connected: 0,
                 dead: 0,
@@ -1319,12 +1380,16 @@ impl LockModel {
                     next = next.min(u);
                 }
             }
-            for (_, entry) in node.keyspace.entries() {
-                if let Some(deadline) = entry.expires_at {
-                    // Expired once the node clock passes the deadline.
-                    let at = (deadline + 1).saturating_sub(node.offset);
-                    if at > t {
-                        next = next.min(at);
+            // A split brain's old master expires its keys by its own clock.
+            let old = node.old.iter().map(|o| (&o.keyspace, o.offset));
+            for (keyspace, offset) in std::iter::once((&node.keyspace, node.offset)).chain(old) {
+                for (_, entry) in keyspace.entries() {
+                    if let Some(deadline) = entry.expires_at {
+                        // Expired once the node clock passes the deadline.
+                        let at = (deadline + 1).saturating_sub(offset);
+                        if at > t {
+                            next = next.min(at);
+                        }
                     }
                 }
             }
@@ -1344,17 +1409,29 @@ impl LockModel {
     /// is no longer a hold, and dropping it touches no one.
     fn holds(&self, node: &NodeState, now: Millis) -> BTreeSet<(String, String, u8, Option<u64>)> {
         let mut out = BTreeSet::new();
-        self.each_hold(node, now, |key, member, owner, expiry| {
-            out.insert((key.to_owned(), member.to_owned(), owner, expiry));
-        });
+        self.each_hold(
+            &node.keyspace,
+            &node.writers,
+            now,
+            |key, member, owner, expiry| {
+                out.insert((key.to_owned(), member.to_owned(), owner, expiry));
+            },
+        );
         out
     }
 
     /// The owners of the holds visible on a node at its time `now`, one
     /// bit per client: what [`LockModel::holds`] lists, without building it.
     fn owners(&self, node: &NodeState, now: Millis) -> u8 {
+        self.owners_in(&node.keyspace, &node.writers, now)
+    }
+
+    /// [`LockModel::owners`] of a keyspace and its ghost writers.
+    fn owners_in(&self, keyspace: &Keyspace, writers: &BTreeMap<String, u8>, now: Millis) -> u8 {
         let mut bits = 0u8;
-        self.each_hold(node, now, |_, _, owner, _| bits |= 1u8 << owner);
+        self.each_hold(keyspace, writers, now, |_, _, owner, _| {
+            bits |= 1u8 << owner
+        });
         bits
     }
 
@@ -1362,7 +1439,8 @@ impl LockModel {
     /// node at its time `now` (the member is empty for a plain key).
     fn each_hold(
         &self,
-        node: &NodeState,
+        keyspace: &Keyspace,
+        writers: &BTreeMap<String, u8>,
         now: Millis,
         mut hold: impl FnMut(&str, &str, u8, Option<u64>),
     ) {
@@ -1370,11 +1448,11 @@ impl LockModel {
             self.cfg.protocol,
             ProtocolId::LeaseSemaphore | ProtocolId::TimeFencedSemaphore
         );
-        for (key, entry) in node.keyspace.live(now) {
+        for (key, entry) in keyspace.live(now) {
             let Entry { value, expires_at } = entry;
             match value {
                 Value::Str(s) => {
-                    let owner = Self::owner_of_token(s).or_else(|| node.writers.get(key).copied());
+                    let owner = Self::owner_of_token(s).or_else(|| writers.get(key).copied());
                     if let Some(o) = owner {
                         hold(key, "", o, *expires_at);
                     }
@@ -1508,11 +1586,12 @@ impl LockModel {
             return;
         };
         let t = state.time;
+        let on_old = state.nodes[usize::from(n)].swap_old_for(c);
         let node = &mut state.nodes[usize::from(n)];
         let bit = 1u8 << c;
-        let (outcome, lost) = if node.cut_off(c) {
+        let (outcome, lost) = if node.cut_off(c) || node.stale & bit != 0 {
             (Outcome::Unknown, true)
-        } else if node.dead & bit != 0 || !node.up(t) {
+        } else if node.dead & bit != 0 || !(on_old || node.up(t)) {
             node.dead &= !bit;
             (Outcome::Unknown, false)
         } else {
@@ -1520,6 +1599,9 @@ impl LockModel {
             let reply = self.execute(state, c, n, &sent.request.command, conn);
             (Outcome::Reply(reply), false)
         };
+        if on_old {
+            state.nodes[usize::from(n)].swap_old_for(c);
+        }
         state.links[l].replies.push_back(Returning {
             id: sent.request.id,
             outcome,
@@ -1538,11 +1620,17 @@ impl LockModel {
         };
         let t = state.time;
         let conn = orphan_conn(c, slot);
+        let on_old = state.nodes[usize::from(n)].swap_old_for(c);
         let node = &state.nodes[usize::from(n)];
-        if !node.cut_off(c) && node.dead & (1u8 << c) == 0 && node.up(t) {
+        let bit = 1u8 << c;
+        if !node.cut_off(c) && (node.dead | node.stale) & bit == 0 && (on_old || node.up(t)) {
             self.execute(state, c, n, &sent.request.command, conn);
         }
-        state.nodes[usize::from(n)].keyspace.drop_connection(conn);
+        let node = &mut state.nodes[usize::from(n)];
+        node.keyspace.drop_connection(conn);
+        if on_old {
+            node.swap_old_for(c);
+        }
     }
 
     fn receive(&self, state: &mut State, c: u8, n: u8) {
@@ -1598,6 +1686,7 @@ impl LockModel {
         let bit = 1u8 << c;
         node.connected &= !bit;
         node.dead &= !bit;
+        node.stale &= !bit;
         let conn = ConnId(u32::from(c));
         if let Some(slot) = orphaned {
             node.keyspace.move_connection(conn, orphan_conn(c, slot));
@@ -1619,7 +1708,12 @@ impl LockModel {
         let t = state.time;
         let mut held_on = [0u8; 8];
         for node in &state.nodes {
-            let owners = self.owners(node, node.now(t));
+            let mut owners = self.owners(node, node.now(t));
+            if let Some(old) = &node.old {
+                // A hold on the old master of a split brain is a hold on
+                // the slot for the client it serves.
+                owners |= self.owners_in(&old.keyspace, &old.writers, old.now(t));
+            }
             for (c, count) in held_on.iter_mut().enumerate() {
                 *count += (owners >> c) & 1;
             }
@@ -1652,10 +1746,7 @@ impl LockModel {
         // A node down or cut off from every client obstructs every client;
         // a cut of one client excuses that client alone (`progress`).
         let every = self.every_client();
-        let obstructed = state
-            .nodes
-            .iter()
-            .any(|n| !n.up(t) || (n.cut != 0 && n.cut == every));
+        let obstructed = state.nodes.iter().any(|n| !n.up(t) || n.cut == every);
         if obstructed || state.clients.iter().any(|c| c.inside(t)) {
             state.last_inside = t;
         }
@@ -1737,7 +1828,11 @@ impl LockModel {
                     .filter(|f| {
                         matches!(
                             f,
-                            Fault::Crash | Fault::Pause | Fault::Delay | Fault::ClientPartition
+                            Fault::Crash
+                                | Fault::Pause
+                                | Fault::Delay
+                                | Fault::ClientPartition
+                                | Fault::SplitBrain
                         )
                     })
                     .count()
@@ -1865,8 +1960,17 @@ impl LockModel {
                 actions.push(Action::Replicate);
             }
             if cfg.of_family(Family::Failover).is_some_and(can) {
-                actions.push(Action::Promote);
+                if cfg.has(Fault::SplitBrain) {
+                    for c in (0..cfg.clients).filter(|&c| self.may_strike(c)) {
+                        actions.push(Action::Split(c));
+                    }
+                } else {
+                    actions.push(Action::Promote);
+                }
             }
+        }
+        if state.nodes[0].old.is_some() {
+            actions.push(Action::Demote);
         }
         if let Some(t) = self.next_instant(state) {
             actions.push(Action::Tick(t));
@@ -2017,15 +2121,30 @@ impl LockModel {
                     replica.replicate_from(&master);
                 }
             }
-            Action::Promote => {
+            Action::Promote | Action::Split(_) => {
                 s.budget &= !self.cfg.family_bit(Family::Failover);
+                let t = s.time;
                 let node = &mut s.nodes[0];
                 if let Some(replica) = node.replica.take() {
+                    if let Action::Split(c) = *action {
+                        // `split-brain`: the old master stays up, serving
+                        // client `c`, whose connection goes on there; the
+                        // others' connections still lead to it, across the
+                        // cut: their requests are lost until they time out.
+                        node.old = Some(Box::new(OldMaster {
+                            keyspace: node.keyspace.clone(),
+                            offset: node.offset,
+                            writers: node.writers.clone(),
+                            client: c,
+                        }));
+                        node.stale = self.every_client() & !(1u8 << c);
+                    } else {
+                        node.lose_connections();
+                    }
                     node.keyspace.replicate_from(&replica);
                     node.keyspace.drop_connections();
-                    node.lose_connections();
                     // The promotion takes time, as a restart does.
-                    node.down_until = Some(s.time + self.cfg.restart_ms);
+                    node.down_until = Some(t + self.cfg.restart_ms);
                     // The replica is another machine. With a fault pair,
                     // what struck the old master's slot does not carry
                     // over: the replica's clock reads as node clocks start
@@ -2038,6 +2157,45 @@ impl LockModel {
                     if self.cfg.has(Fault::FailoverClockLag) {
                         node.offset -= CLOCK_STEP_BACK;
                     }
+                }
+            }
+            Action::Demote => {
+                let t = s.time;
+                let old = s.nodes[0].old.take()?;
+                // Its own client and the others whose connection still led
+                // to it: Sentinel's reconfiguration kills those connections.
+                let on_old = std::mem::take(&mut s.nodes[0].stale) | 1u8 << old.client;
+                for c in (0..self.cfg.clients).filter(|c| on_old & (1u8 << c) != 0) {
+                    let bit = 1u8 << c;
+                    let l = self.link(c, 0);
+                    let in_flight = !s.links[l].requests.is_empty();
+                    let node = &mut s.nodes[0];
+                    if node.connected & bit != 0 {
+                        // A connection of its own (the protocols that
+                        // `WATCH`): the client notices at its next request,
+                        // or now if a request of its is on the way (its
+                        // failure, below, retires the connection).
+                        node.connected &= !bit;
+                        if !in_flight {
+                            node.dead |= bit;
+                        }
+                    }
+                    // What the client has on the way fails with the
+                    // connection: a request not yet run never runs, and its
+                    // sender learns at once that the outcome is unknown.
+                    // Replies already on their way still arrive; requests
+                    // on retired connections die with them.
+                    let link = &mut s.links[l];
+                    while let Some(sent) = link.requests.pop_front() {
+                        link.replies.push_back(Returning {
+                            id: sent.request.id,
+                            outcome: Outcome::Unknown,
+                            due: t + self.cfg.latency,
+                            timeout: sent.timeout,
+                            lost: false,
+                        });
+                    }
+                    link.orphans.clear();
                 }
             }
             Action::Hold { client, node } => {
@@ -2093,17 +2251,17 @@ impl LockModel {
                 // now. (A cut of every client holds every waiter's patience
                 // back through `State::last_inside` instead; a client that
                 // still reached a quorum was judged throughout.)
-                let excused: Vec<bool> = (0..self.cfg.clients)
-                    .map(|c| self.beyond_quorum(&s, c))
-                    .collect();
-                let cut = std::mem::take(&mut s.nodes[usize::from(n)].cut);
-                if cut != self.every_client() {
+                if s.nodes[usize::from(n)].cut != self.every_client() {
+                    let excused: Vec<bool> = (0..self.cfg.clients)
+                        .map(|c| self.beyond_quorum(&s, c))
+                        .collect();
                     for (client, excused) in s.clients.iter_mut().zip(excused) {
                         if excused && client.waiting_since.is_some() {
                             client.waiting_since = Some(s.time);
                         }
                     }
                 }
+                s.nodes[usize::from(n)].cut = 0;
             }
         }
         self.after_step(&mut s);
@@ -2134,10 +2292,10 @@ impl LockModel {
         for (i, n) in state.nodes.iter().enumerate() {
             let now = n.now(state.time);
             let _ = write!(out, " | n{i}@{} {}", now.get(), n.keyspace.render(now));
-            if n.cut != 0 && n.cut == self.every_client() {
+            if n.cut == self.every_client() {
                 out.push_str(" CUT");
             } else if n.cut != 0 {
-                for c in 0..8u8 {
+                for c in 0..self.cfg.clients {
                     if n.cut_off(c) {
                         let _ = write!(out, " CUT(c{c})");
                     }
@@ -2145,6 +2303,19 @@ impl LockModel {
             }
             if n.down_until.is_some_and(|u| state.time < u) {
                 out.push_str(" DOWN");
+            }
+            for c in (0..self.cfg.clients).filter(|c| n.stale & (1u8 << c) != 0) {
+                let _ = write!(out, " STALE(c{c})");
+            }
+            if let Some(old) = &n.old {
+                let now = old.now(state.time);
+                let _ = write!(
+                    out,
+                    " | n{i}'s old master for c{}@{} {}",
+                    old.client,
+                    now.get(),
+                    old.keyspace.render(now)
+                );
             }
         }
         out
@@ -2224,6 +2395,13 @@ impl LockModel {
                 format!("n0's replica, its clock {CLOCK_STEP_BACK} ms behind, is promoted")
             }
             Action::Promote => "n0's replica is promoted".to_owned(),
+            Action::Split(c) => {
+                format!("n0's replica is promoted; c{c} still reaches the old master (split brain)")
+            }
+            Action::Demote => {
+                "the old master learns of the promotion: it drops its writes and its clients"
+                    .to_owned()
+            }
             Action::Hold { client, node } => {
                 format!("c{client}'s request to n{node} is held up past the TTL")
             }

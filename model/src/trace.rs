@@ -211,7 +211,9 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     | Action::Restart(n)
                     | Action::Cut(n)
                     | Action::Heal(n) => node_lane(*n),
-                    Action::Replicate | Action::Promote => node_lane(0),
+                    Action::Replicate | Action::Promote | Action::Split(_) | Action::Demote => {
+                        node_lane(0)
+                    }
                     Action::LoseRequest { node, .. }
                     | Action::LoseReply { node, .. }
                     | Action::Hold { node, .. }
@@ -224,6 +226,8 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     | Action::JumpClock(_)
                     | Action::Restart(_)
                     | Action::Promote
+                    | Action::Split(_)
+                    | Action::Demote
                     | Action::Cut(_)
                     | Action::CutLink { .. }
                     | Action::LoseRequest { .. }

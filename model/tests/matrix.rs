@@ -365,3 +365,127 @@ fn a_client_cut_off_alone_is_the_only_one_that_loses_its_requests() {
         start.clients[0].waiting_since
     );
 }
+
+/// `split-brain` keeps the old master serving one client after the
+/// promotion: that client's acquire runs on the old master, a rival's
+/// request still on its way to the old master is lost in the cut, and the
+/// rival's retry, after its timeout, is granted by the promoted replica, so
+/// both hold (with every request sent to the slot's new master, as
+/// `failover` does, the rival's first request would be granted or refused
+/// there and this fails). When the old master learns of the promotion its
+/// data goes, and a request its client still had on the way fails unrun
+/// (were it run on the new master instead, this fails).
+#[test]
+fn a_split_brain_grants_on_two_masters_until_the_old_one_learns() {
+    use lockwright_core::Outcome;
+    use lockwright_model::{Action, LockModel, ModelConfig, State};
+    let model = LockModel::new(
+        ModelConfig::new(ProtocolId::SetPxLua, Fault::SplitBrain),
+        PropertyId::ALL.to_vec(),
+    )
+    .unwrap();
+    let enabled = |s: &State| {
+        let mut actions = Vec::new();
+        model.enabled(s, &mut actions);
+        actions
+    };
+    let start = model.initial();
+    // Clients are alike: the old master keeps client 0 (client symmetry).
+    let splits: Vec<Action> = enabled(&start)
+        .into_iter()
+        .filter(|a| matches!(a, Action::Split(_) | Action::Promote))
+        .collect();
+    assert_eq!(splits, vec![Action::Split(0)]);
+    let split = model.step(&start, &splits[0]).unwrap();
+    assert!(split.nodes[0].on_old_master(0) && !split.nodes[0].on_old_master(1));
+    // c1's request, sent before the split, is lost in the cut.
+    let lost = enabled(&split)
+        .into_iter()
+        .find(|a| {
+            matches!(
+                a,
+                Action::Deliver { client: 1, node: 0 } | Action::RoundTrip { client: 1, node: 0 }
+            )
+        })
+        .expect("c1's request may arrive");
+    let lost = model.step(&split, &lost).unwrap();
+    assert!(model
+        .link_of(&lost, 1, 0)
+        .replies
+        .front()
+        .is_some_and(|r| r.lost));
+    // The promotion takes its millisecond; the old master serves c0 at once.
+    let c0 = enabled(&lost)
+        .into_iter()
+        .find(|a| {
+            matches!(
+                a,
+                Action::Deliver { client: 0, node: 0 } | Action::RoundTrip { client: 0, node: 0 }
+            )
+        })
+        .expect("c0's request may arrive");
+    let mut s = model.step(&lost, &c0).unwrap();
+    // c1 times out and retries until the new master grants it.
+    for _ in 0..64 {
+        if s.clients[1].at_server {
+            break;
+        }
+        let actions = enabled(&s);
+        let next = actions
+            .iter()
+            .find(|a| {
+                matches!(
+                    a,
+                    Action::Deliver { client: 1, .. }
+                        | Action::RoundTrip { client: 1, .. }
+                        | Action::Receive { client: 1, .. }
+                        | Action::Timeout { client: 1, .. }
+                        | Action::Timer(1)
+                )
+            })
+            .or_else(|| actions.iter().find(|a| matches!(a, Action::Tick(_))))
+            .expect("c1 goes on or time passes")
+            .clone();
+        s = model.step(&s, &next).unwrap();
+    }
+    let node = &s.nodes[0];
+    let old = node.old.as_ref().expect("the old master still serves c0");
+    assert_eq!(old.keyspace.live(old.now(s.time)).count(), 1, "c0's grant");
+    assert_eq!(
+        node.keyspace.live(node.now(s.time)).count(),
+        1,
+        "c1's grant on the promoted replica"
+    );
+    assert!(s.clients[0].at_server && s.clients[1].at_server);
+    // c0 sends another request (its release, once it holds); the demotion
+    // then fails it unrun and drops the old master.
+    for _ in 0..16 {
+        if !model.link_of(&s, 0, 0).requests.is_empty() {
+            break;
+        }
+        let next = enabled(&s)
+            .into_iter()
+            .find(|a| {
+                matches!(a, Action::Check(0) | Action::Write(0))
+                    || matches!(a, Action::Receive { client: 0, .. })
+            })
+            .expect("c0 goes on");
+        s = model.step(&s, &next).unwrap();
+    }
+    assert!(
+        !model.link_of(&s, 0, 0).requests.is_empty(),
+        "c0 sent a request"
+    );
+    let demoted = model.step(&s, &Action::Demote).unwrap();
+    assert!(demoted.nodes[0].old.is_none());
+    let link = model.link_of(&demoted, 0, 0);
+    assert!(link.requests.is_empty());
+    assert!(link
+        .replies
+        .back()
+        .is_some_and(|r| r.outcome == Outcome::Unknown && !r.lost));
+    assert_eq!(
+        demoted.nodes[0].keyspace, s.nodes[0].keyspace,
+        "the request did not run on the new master"
+    );
+}

@@ -81,6 +81,24 @@ fn costly_faults() -> Vec<Fault> {
 /// keeps the old undo as a mutation.
 const KNOWN_GAPS: [(ProtocolId, Fault, &str, &str); 0] = [];
 
+/// The faults prompt replies are compared under: every fault with
+/// `LOCKWRIGHT_FULL_REDUCTIONS=1`, else all but `split-brain`, whose second
+/// master makes the runs with replies in flight of their own the costliest
+/// of the test (`setnx-expire`: 6.1 million states against 0.9 million).
+fn replies_faults() -> Vec<Fault> {
+    if std::env::var("LOCKWRIGHT_FULL_REDUCTIONS").is_ok_and(|v| v == "1") {
+        return Fault::ALL.to_vec();
+    }
+    println!(
+        "prompt replies: compared under every fault but split-brain; set \
+         LOCKWRIGHT_FULL_REDUCTIONS=1 for that one too"
+    );
+    Fault::ALL
+        .into_iter()
+        .filter(|&f| f != Fault::SplitBrain)
+        .collect()
+}
+
 /// Each reduction with the faults it can change anything under.
 fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fault>)> {
     let all = Reductions::ALL;
@@ -90,6 +108,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
         Fault::Pause,
         Fault::Delay,
         Fault::ClientPartition,
+        Fault::SplitBrain,
     ];
     let mut out = vec![
         (
@@ -154,7 +173,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
                 ..all
             },
             1_000,
-            Fault::ALL.to_vec(),
+            replies_faults(),
         ),
     ];
     // Every reduction off at once: each one's argument is made alone, and

@@ -20,7 +20,7 @@ use clap::Parser;
 use lockwright_chaos::nemesis::campaign::{
     failures, progress_line, rows, run_mutation, table, unjudged, Agreement, Settings,
 };
-use lockwright_chaos::nemesis::run::{applies_to, run};
+use lockwright_chaos::nemesis::run::{applies_to, not_applicable, run};
 use lockwright_chaos::nemesis::Mutation;
 use lockwright_chaos::{check_environment, Availability, ChaosError};
 use lockwright_core::ProtocolId;
@@ -40,10 +40,12 @@ struct Args {
     seed: Option<u64>,
     /// Seconds the clients of one run loop (raised where a fault needs more:
     /// four TTLs and a second, twelve TTLs for crash, for a failover 30 s
-    /// or four TTLs of at least 8 s, so 32 s).
+    /// or four TTLs of at least 8 s, so 32 s, for a split brain 15 s and
+    /// seven TTLs).
     #[arg(long, default_value_t = 10)]
     run_seconds: u64,
-    /// Lease TTL in ms (failover runs use at least 8000).
+    /// Lease TTL in ms (`failover` and `failover-clock-lag` runs use at
+    /// least 8000).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     ttl_ms: u64,
     /// Protocols, comma-separated.
@@ -57,7 +59,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,crash,pause,client-skew,clock-jump,clock-back,restart,failover,delay,partition,client-partition,restart-delayed,restart-persisted,failover-clock-lag"
+        default_value = "none,crash,pause,client-skew,clock-jump,clock-back,restart,failover,delay,partition,client-partition,restart-delayed,restart-persisted,failover-clock-lag,split-brain"
     )]
     faults: Vec<String>,
     /// Mutations to try, comma-separated.
@@ -184,10 +186,10 @@ async fn campaign(args: Args) -> Result<bool, Error> {
                 if started.elapsed() >= budget && !first_round {
                     break 'rounds;
                 }
-                if !applies_to(fault, protocol) {
+                if let Some(why) = not_applicable(fault, protocol) {
                     if first_round {
                         println!(
-                            "skipped: {} x {} (a Sentinel group watches one master)",
+                            "skipped: {} x {} ({why})",
                             protocol.as_str(),
                             fault.as_str()
                         );

@@ -27,14 +27,21 @@ pub const JUDGED: [PropertyId; 4] = [
 /// and a second (the faults stop two TTLs before the end and an aimed
 /// fault may wait a TTL for its target), twelve TTLs after a crash (a
 /// healthy stretch of four TTLs to judge progress in, two TTLs after the
-/// crash), and for a failover 30 s or four TTLs (it waits a TTL after
-/// its replication cut before it kills).
+/// crash), for a failover 30 s or four TTLs (it waits a TTL after its
+/// replication cut before it kills), and for a split brain 15 s and seven
+/// TTLs (the old master is made a replica some 10 s after the heal).
 pub fn run_duration(fault: Fault, asked: Duration, ttl_ms: u64) -> Duration {
     let ttls = |n: u64| Duration::from_millis(ttl_ms.saturating_mul(n));
     let floor = match fault {
         Fault::None => Duration::ZERO,
         Fault::Crash => ttls(12),
         Fault::Failover | Fault::FailoverClockLag => Duration::from_secs(30).max(ttls(4)),
+        // A second before the cut, a promotion of one to two seconds, the
+        // split for up to three TTLs, the demotion (Sentinel reconfigures
+        // the old master only once it has seen it report itself as master
+        // for four publish periods, 8 s, so about 10 s after the heal),
+        // then a stretch of four TTLs with one master again.
+        Fault::SplitBrain => Duration::from_secs(15) + ttls(7),
         _ => ttls(4) + Duration::from_secs(1),
     };
     asked.max(floor)
@@ -64,7 +71,9 @@ impl Settings {
     /// to promote the replica, a holder that entered before the master
     /// died must still be inside its section (a fifth to two fifths of the
     /// TTL) when a contender gets in on the new master, and the kill waits
-    /// a TTL after the replication cut.
+    /// a TTL after the replication cut. A split brain keeps the TTL asked
+    /// for: both masters serve their sides for two to three TTLs after the
+    /// promotion, however long it took.
     pub fn config(
         &self,
         protocol: ProtocolId,
@@ -72,7 +81,7 @@ impl Settings {
         seed: u64,
         mutation: Mutation,
     ) -> RunConfig {
-        let ttl_ms = if fault.has_replica() {
+        let ttl_ms = if matches!(fault, Fault::Failover | Fault::FailoverClockLag) {
             self.ttl_ms.max(8000)
         } else {
             self.ttl_ms

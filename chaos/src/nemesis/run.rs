@@ -53,6 +53,20 @@
 //!   that section (or, when none does, three TTLs after the cut), kills the
 //!   master's `redis-server` with SIGKILL; the Sentinels promote the replica.
 //!   Once per run; single-master protocols only.
+//! - **`split-brain`**: a real Sentinel failover in a split brain: with the
+//!   replica and Sentinels of `failover`, iptables DROP rules cut node 0 and
+//!   one client (the one that has just entered, when one has) off from the
+//!   replica, the Sentinels and the other clients. The Sentinels promote the
+//!   replica and the other clients follow them to it, while the cut-off
+//!   client goes on with the old master, which still accepts writes (it
+//!   cannot reconnect elsewhere: the Sentinels are out of its reach). Two to
+//!   three TTLs after the promotion the cut heals; the Sentinels make the
+//!   old master a replica of the new one (its writes since are lost) and
+//!   kill its client connections, some 10 s later (they wait until it has
+//!   reported itself as master for four publish periods); the nemesis waits
+//!   until its `ROLE` says so. The run lasts 15 s and seven TTLs, so that
+//!   a stretch with one master follows. Once per run; single-master
+//!   protocols only.
 //! - **`client-skew`**: client clocks disagree, as in the model: about half
 //!   the clients (at least one, seeded) run under libfaketime (`LD_PRELOAD`
 //!   in their container) with a clock half a TTL ahead that runs 1 % slow,
@@ -115,7 +129,16 @@ const REDIS_SERVER_PATH: &str = "/usr/local/bin/redis-server";
 /// Can a run of `protocol` have `fault`? A failover needs a single master
 /// (a Sentinel group watches one), so not RedLock.
 pub fn applies_to(fault: Fault, protocol: ProtocolId) -> bool {
-    !fault.has_replica() || protocol != ProtocolId::Redlock
+    not_applicable(fault, protocol).is_none()
+}
+
+/// Why a run of `protocol` cannot have `fault`, when it cannot.
+pub fn not_applicable(fault: Fault, protocol: ProtocolId) -> Option<&'static str> {
+    if fault.has_replica() && protocol == ProtocolId::Redlock {
+        Some("a Sentinel group watches one master")
+    } else {
+        None
+    }
 }
 
 /// A kill -9 of a node's `redis-server` and its start again?
@@ -617,9 +640,32 @@ struct SentinelGroup {
     replica_ip: String,
     /// `redis://ip:26379/` of each Sentinel.
     urls: Vec<String>,
+    /// The address of each Sentinel.
+    ips: Vec<String>,
 }
 
 impl SentinelGroup {
+    /// Waits until the old master at `old_ip` says it is a replica (the
+    /// Sentinels reconfigured it after a split brain healed).
+    async fn await_demotion(&self, old_ip: &str, timeout: Duration) -> Result<(), ChaosError> {
+        let deadline = Instant::now() + timeout;
+        let url = format!("redis://{old_ip}:{REDIS_PORT}/");
+        loop {
+            let role: Option<Vec<redis::Value>> = query_once(&url, redis::cmd("ROLE")).await.ok();
+            let first = role.as_deref().and_then(|r| r.first());
+            if matches!(first, Some(redis::Value::BulkString(b)) if b.as_slice() == b"slave") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ChaosError::Timeout {
+                    what: "the Sentinels to make the old master a replica".to_owned(),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until every Sentinel names the replica as the master and the
     /// replica says it is one.
     async fn await_promotion(&self, timeout: Duration) -> Result<(), ChaosError> {
@@ -719,7 +765,7 @@ async fn start_sentinel_group(
     topology
         .run_container(&format!("{}-replica", topology.prefix), &replica_ip, &args)
         .await?;
-    let mut urls = Vec::new();
+    let (mut urls, mut ips) = (Vec::new(), Vec::new());
     for index in 0..3u8 {
         let dir = topology.out_dir.join(format!("sentinel-{index}"));
         std::fs::create_dir_all(&dir)?;
@@ -748,6 +794,7 @@ async fn start_sentinel_group(
             )
             .await?;
         urls.push(format!("redis://{ip}:{SENTINEL_PORT}/"));
+        ips.push(ip);
     }
     redis_ready(
         &format!("redis://{replica_ip}:{REDIS_PORT}/"),
@@ -804,7 +851,11 @@ async fn start_sentinel_group(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    Ok(SentinelGroup { replica_ip, urls })
+    Ok(SentinelGroup {
+        replica_ip,
+        urls,
+        ips,
+    })
 }
 
 /// The `docker run` arguments that run a node's `redis-server` (not its
@@ -1680,6 +1731,58 @@ async fn run_in(
                 faults.push(format!("{} {} {hold} ms", config.fault, text.join(",")));
                 next_fault = Instant::now() + Duration::from_millis(rng.range(ttl / 4, ttl));
             }
+            Fault::SplitBrain => {
+                let Some(group) = &sentinels else {
+                    return Err(ChaosError::Harness("no Sentinel group".to_owned()));
+                };
+                // The minority side: the master and one client (the one
+                // that has just entered, when one has). Everything else
+                // (the replica, the Sentinels, the other clients) is the
+                // majority side; DROP rules both ways between the sides.
+                let minority = read_now
+                    .map(|(client, _)| client as usize)
+                    .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
+                let majority: Vec<&String> = std::iter::once(&group.replica_ip)
+                    .chain(&group.ips)
+                    .collect();
+                let others = client_ips
+                    .iter()
+                    .enumerate()
+                    .filter(|&(c, _)| c != minority)
+                    .map(|(_, ip)| ip);
+                let mut pairs: Vec<(&String, &String)> = majority
+                    .iter()
+                    .chain(others.collect::<Vec<_>>().iter())
+                    .map(|&ip| (&node_ips[0], ip))
+                    .collect();
+                pairs.extend(majority.iter().map(|&ip| (&client_ips[minority], ip)));
+                for (a, b) in pairs {
+                    for (src, dst) in [(a, b), (b, a)] {
+                        let rule = drop_rule(src, dst, &topology.prefix);
+                        topology.add_rule(rule).await?;
+                    }
+                }
+                let cut = Instant::now();
+                group.await_promotion(Duration::from_secs(30)).await?;
+                let promoted = cut.elapsed().as_millis();
+                // Both masters serve their sides for two to three TTLs;
+                // then the Sentinels reach the old master again, make it a
+                // replica of the new one and kill its clients' connections.
+                let hold = rng.range(ttl * 2, ttl * 3);
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+                topology.remove_rules().await?;
+                let healed = Instant::now();
+                group
+                    .await_demotion(&node_ips[0], Duration::from_secs(30))
+                    .await?;
+                faults.push(format!(
+                    "split brain: node 0 and client {minority} cut off from the replica, the \
+                     Sentinels and the other clients; the Sentinels named the replica after \
+                     {promoted} ms; healed {hold} ms later, node 0 made a replica after {} ms",
+                    healed.elapsed().as_millis()
+                ));
+                next_fault = end;
+            }
             Fault::Failover | Fault::FailoverClockLag => {
                 let Some(group) = &sentinels else {
                     return Err(ChaosError::Harness("no Sentinel group".to_owned()));
@@ -1844,6 +1947,7 @@ async fn run_in(
         Fault::Failover | Fault::FailoverClockLag => {
             faults.iter().any(|f| f.starts_with("SIGKILL master"))
         }
+        Fault::SplitBrain => faults.iter().any(|f| f.starts_with("split brain")),
         Fault::Crash => crashed.is_some(),
         _ => !faults.is_empty(),
     };
@@ -1961,8 +2065,11 @@ mod tests {
     #[test]
     fn failover_faults_apply_to_single_masters_only() {
         for fault in Fault::ALL {
-            let single = fault != Fault::Failover && fault != Fault::FailoverClockLag;
-            assert_eq!(applies_to(fault, ProtocolId::Redlock), single, "{fault}");
+            assert_eq!(
+                applies_to(fault, ProtocolId::Redlock),
+                !fault.has_replica(),
+                "{fault}"
+            );
             assert!(applies_to(fault, ProtocolId::SetPxLua), "{fault}");
         }
         let restarts: Vec<Fault> = Fault::ALL.into_iter().filter(|&f| is_restart(f)).collect();

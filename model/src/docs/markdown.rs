@@ -60,6 +60,7 @@ fn fault_summary(f: Fault) -> &'static str {
         Fault::RestartPersisted => "a node restarts with its data (AOF with `fsync always`)",
         Fault::Failover => "node 0 has an asynchronous replica that is promoted, dropping what it had not received; the promotion takes 1 ms",
         Fault::FailoverClockLag => "failover, with the replica's clock 500 ms behind its master's",
+        Fault::SplitBrain => "failover in a split brain: the replica is promoted while one client still reaches the old master, which accepts its writes until it learns of the promotion, then drops them and kills its connections",
         Fault::Delay => "one request is held up past the TTL (the client times out; the request still runs later, after requests on the new connection may have overtaken it), and one request or reply may be lost",
         Fault::Partition => "a node is cut off from every client for a while; messages into the cut are lost and their senders time out",
         Fault::ClientPartition => "one client is cut off from one node for a while, while the other clients still reach it; the client's messages into the cut are lost and it times out",
@@ -203,7 +204,7 @@ fn verdicts_md(computed: &Computed, rules: &[Rule]) -> String {
     }
     let _ = writeln!(
         s,
-        "\nThe first {} faults are the columns of `lockwright check`; `restart-delayed`, `restart-persisted` and `failover-clock-lag` are variants of a restart and a failover (RedLock's delayed restarts, AOF with `fsync always`, a promoted replica whose clock lags).",
+        "\nThe first {} faults are the columns of `lockwright check`; `restart-delayed`, `restart-persisted`, `failover-clock-lag` and `split-brain` are variants of a restart and a failover (RedLock's delayed restarts, AOF with `fsync always`, a promoted replica whose clock lags, an old master that keeps serving one client until it learns of the promotion).",
         Fault::COLUMNS.len()
     );
 
