@@ -903,6 +903,10 @@ impl Run<'_> {
                 .query_async(conn)
                 .await?;
             let _: () = redis::cmd("FLUSHALL").query_async(conn).await?;
+            // A node that synced as a replica (a failover's replica, a split
+            // brain's demoted old master) wrote the master's data to its
+            // RDB file, which a restart would load: an empty one replaces it.
+            let _: () = redis::cmd("SAVE").query_async(conn).await?;
             let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(conn).await?;
         }
         self.set_clocks(first)?;
