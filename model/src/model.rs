@@ -171,7 +171,9 @@ pub struct Reductions {
     /// Client-level faults strike client 0 only (see
     /// [`LockModel::may_strike`]).
     pub client_symmetry: bool,
-    /// Node faults strike node 0 only: nodes are interchangeable.
+    /// Node faults strike node 0 only, and so does the first `delay`
+    /// strike of a run without one: nodes are interchangeable (see
+    /// [`LockModel::may_strike_node`] and `LockModel::may_delay_on`).
     pub node_symmetry: bool,
     /// A message is delivered no later than the next instant at which
     /// something else can change, instead of at any instant up to its own
@@ -1818,7 +1820,9 @@ impl LockModel {
     /// client-level fault anyway). With a fault pair, clients are alike
     /// only while one client-level fault may strike and neither fault is
     /// `client-skew`: a pair of two client-level faults, or one with
-    /// `client-skew`, strikes any client.
+    /// `client-skew`, strikes any client. `delay` strikes twice (one
+    /// message held up, one lost): its second strike may also hit client 1
+    /// ([`LockModel::may_delay_client`]).
     fn may_strike(&self, c: u8) -> bool {
         let pair_breaks_symmetry = self.cfg.also.is_some()
             && (self.cfg.has(Fault::ClientSkew)
@@ -1853,13 +1857,56 @@ impl LockModel {
         let node_faults = self
             .cfg
             .faults()
-            .filter(|f| {
-                *f == Fault::ClockJump
-                    || f.family() == Family::Partition
-                    || matches!(f.family(), Family::Restart | Family::Failover)
-            })
+            .filter(|&f| self.distinguishes_nodes(f))
             .count();
         n == 0 || !self.cfg.reductions.node_symmetry || node_faults > 1
+    }
+
+    /// May a `delay` strike (a message held up or lost) hit a link to node
+    /// `n`? Nodes are interchangeable until a strike makes one differ, as
+    /// for [`LockModel::may_strike_node`]: renaming nodes throughout a run
+    /// maps it to another run of the model. So the first strike need only
+    /// hit node 0, and the second (`delay` holds one message and loses one)
+    /// node 0 again or node 1, which stands for every node not yet struck.
+    /// A run with a node fault as well keeps every node: that fault is the
+    /// one restricted to node 0, and the delay must stay free to strike
+    /// wherever it strikes relative to it. Single-node protocols have one
+    /// node anyway.
+    fn may_delay_on(&self, state: &State, n: u8) -> bool {
+        let node_fault = self
+            .cfg
+            .faults()
+            .any(|f| f != Fault::Delay && self.distinguishes_nodes(f));
+        n <= self.delay_strikes(state) || !self.cfg.reductions.node_symmetry || node_fault
+    }
+
+    /// May a `delay` strike hit client `c`'s links? Where client symmetry
+    /// keeps client-level faults to client 0 ([`LockModel::may_strike`]),
+    /// `delay`'s first strike hits client 0 and its second client 0 or 1,
+    /// which stands for every client not yet struck: once the first has
+    /// struck, client 0 differs from the others.
+    fn may_delay_client(&self, state: &State, c: u8) -> bool {
+        self.may_strike(c) || c <= self.delay_strikes(state)
+    }
+
+    /// How many of `delay`'s two strikes (one message held up, one lost)
+    /// the run has used.
+    fn delay_strikes(&self, state: &State) -> u8 {
+        let held = u8::from(self.cfg.has(Fault::Delay)) - state.holds_left;
+        let lost = u8::from(
+            self.cfg.has(Fault::Delay) && state.budget & self.cfg.budget_bit(Fault::Delay) == 0,
+        );
+        held + lost
+    }
+
+    /// Does fault `f` make one node differ from the others (a node fault;
+    /// node 0's replica counts)?
+    fn distinguishes_nodes(&self, f: Fault) -> bool {
+        f == Fault::ClockJump
+            || matches!(
+                f.family(),
+                Family::Partition | Family::Restart | Family::Failover
+            )
     }
 
     /// Every action enabled in `state`.
@@ -1872,7 +1919,10 @@ impl LockModel {
             let now = client.clock.at(state.time);
             for n in 0..cfg.nodes {
                 let link = &state.links[self.link(c, n)];
-                let delay = strike && cfg.has(Fault::Delay) && !client.crashed;
+                let delay = self.may_delay_client(state, c)
+                    && cfg.has(Fault::Delay)
+                    && !client.crashed
+                    && self.may_delay_on(state, n);
                 if delay && state.holds_left > 0 && link.requests.front().is_some_and(|m| !m.late) {
                     actions.push(Action::Hold { client: c, node: n });
                 }

@@ -23,6 +23,26 @@ fn cache() -> Cache {
     Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("matrix-cache"))
 }
 
+/// The standard model of `protocol` under `fault`, checking every
+/// property, for the tests that walk it step by step.
+fn standard_model(protocol: ProtocolId, fault: Fault) -> lockwright_model::LockModel {
+    lockwright_model::LockModel::new(
+        lockwright_model::ModelConfig::new(protocol, fault),
+        PropertyId::ALL.to_vec(),
+    )
+    .expect("the standard bounds are valid")
+}
+
+/// The actions `model` enables in `state`.
+fn enabled_in(
+    model: &lockwright_model::LockModel,
+    state: &lockwright_model::State,
+) -> Vec<lockwright_model::Action> {
+    let mut actions = Vec::new();
+    model.enabled(state, &mut actions);
+    actions
+}
+
 fn check_protocol(protocol: ProtocolId) {
     let rules = matrix::parse_expectations(matrix::EXPECTATIONS).expect("expectations parse");
     let cache = cache();
@@ -264,17 +284,9 @@ fn invariants_hold_with_three_clients() {
 /// would be lost too and this fails.
 #[test]
 fn a_client_cut_off_alone_is_the_only_one_that_loses_its_requests() {
-    use lockwright_model::{Action, LockModel, ModelConfig, State};
-    let model = LockModel::new(
-        ModelConfig::new(ProtocolId::SetPxLua, Fault::ClientPartition),
-        PropertyId::ALL.to_vec(),
-    )
-    .unwrap();
-    let enabled = |s: &State| {
-        let mut actions = Vec::new();
-        model.enabled(s, &mut actions);
-        actions
-    };
+    use lockwright_model::{Action, State};
+    let model = standard_model(ProtocolId::SetPxLua, Fault::ClientPartition);
+    let enabled = |s: &State| enabled_in(&model, s);
     // The node runs client `c`'s first request, however the model offers it.
     let run_request = |s: &State, c: u8| -> State {
         let action = enabled(s)
@@ -328,11 +340,7 @@ fn a_client_cut_off_alone_is_the_only_one_that_loses_its_requests() {
     // A RedLock client cut off from one master of three still reaches a
     // majority: it is judged throughout, so the heal leaves its patience
     // alone.
-    let redlock = LockModel::new(
-        ModelConfig::new(ProtocolId::Redlock, Fault::ClientPartition),
-        PropertyId::ALL.to_vec(),
-    )
-    .unwrap();
+    let redlock = standard_model(ProtocolId::Redlock, Fault::ClientPartition);
     let start = redlock.initial();
     let mut later = redlock
         .step(&start, &Action::CutLink { client: 0, node: 0 })
@@ -340,8 +348,7 @@ fn a_client_cut_off_alone_is_the_only_one_that_loses_its_requests() {
     // Run the requests until time may pass, then let it pass once: c0 is
     // still waiting for the cut master's answer.
     for _ in 0..64 {
-        let mut actions = Vec::new();
-        redlock.enabled(&later, &mut actions);
+        let actions = enabled_in(&redlock, &later);
         let next = actions
             .iter()
             .find(|a| matches!(a, Action::Tick(_)))
@@ -378,17 +385,9 @@ fn a_client_cut_off_alone_is_the_only_one_that_loses_its_requests() {
 #[test]
 fn a_split_brain_grants_on_two_masters_until_the_old_one_learns() {
     use lockwright_core::Outcome;
-    use lockwright_model::{Action, LockModel, ModelConfig, State};
-    let model = LockModel::new(
-        ModelConfig::new(ProtocolId::SetPxLua, Fault::SplitBrain),
-        PropertyId::ALL.to_vec(),
-    )
-    .unwrap();
-    let enabled = |s: &State| {
-        let mut actions = Vec::new();
-        model.enabled(s, &mut actions);
-        actions
-    };
+    use lockwright_model::{Action, State};
+    let model = standard_model(ProtocolId::SetPxLua, Fault::SplitBrain);
+    let enabled = |s: &State| enabled_in(&model, s);
     let start = model.initial();
     // Clients are alike: the old master keeps client 0 (client symmetry).
     let splits: Vec<Action> = enabled(&start)
@@ -488,4 +487,52 @@ fn a_split_brain_grants_on_two_masters_until_the_old_one_learns() {
         demoted.nodes[0].keyspace, s.nodes[0].keyspace,
         "the request did not run on the new master"
     );
+}
+
+/// `delay` under the symmetry reductions (`LockModel::may_delay_on`,
+/// `may_delay_client`): RedLock's first held-up or lost message is client
+/// 0's, on a link to node 0; the second, after a hold or after a loss,
+/// may be client 0's or client 1's, on a link to node 0 or 1 (1 stands for
+/// every client and node not yet struck); beside a node fault, which is
+/// the one kept to node 0, client 0's links to every node may be struck.
+#[test]
+fn delay_strikes_the_first_client_and_node_first() {
+    use lockwright_model::{Action, State};
+    let struck = |model: &lockwright_model::LockModel, s: &State| {
+        let mut links: Vec<(u8, u8)> = enabled_in(model, s)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Hold { client, node }
+                | Action::LoseRequest { client, node }
+                | Action::LoseReply { client, node } => Some((client, node)),
+                _ => None,
+            })
+            .collect();
+        links.sort_unstable();
+        links.dedup();
+        links
+    };
+    let model = standard_model(ProtocolId::Redlock, Fault::Delay);
+    let start = model.initial();
+    assert_eq!(struck(&model, &start), vec![(0, 0)]);
+    // After a loss, c0's link to node 0 has nothing left to hold up.
+    for (first, second) in [
+        (
+            Action::Hold { client: 0, node: 0 },
+            vec![(0, 0), (0, 1), (1, 0), (1, 1)],
+        ),
+        (
+            Action::LoseRequest { client: 0, node: 0 },
+            vec![(0, 1), (1, 0), (1, 1)],
+        ),
+    ] {
+        let after = model
+            .step(&start, &first)
+            .expect("c0's first request to node 0 may be struck");
+        assert_eq!(struck(&model, &after), second, "after {first:?}");
+    }
+    let mut pair = lockwright_model::ModelConfig::new(ProtocolId::Redlock, Fault::Delay);
+    pair.also = Some(Fault::Restart);
+    let pair = lockwright_model::LockModel::new(pair, PropertyId::ALL.to_vec()).unwrap();
+    assert_eq!(struck(&pair, &pair.initial()), vec![(0, 0), (0, 1), (0, 2)]);
 }
