@@ -168,12 +168,17 @@ impl Mutation {
 /// rerun small bounds without it and compare the verdicts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Reductions {
-    /// Client-level faults strike client 0 only (see
-    /// [`LockModel::may_strike`]).
+    /// Client-level faults strike client 0 only, but for the second of
+    /// `delay`'s two strikes (one message held up, one lost), which may
+    /// strike client 0 or client 1, standing for every client not yet
+    /// struck: clients are interchangeable until one is struck (see
+    /// `LockModel::may_strike` and `LockModel::may_delay_client`).
     pub client_symmetry: bool,
-    /// Node faults strike node 0 only, and so does the first `delay`
-    /// strike of a run without one: nodes are interchangeable (see
-    /// [`LockModel::may_strike_node`] and `LockModel::may_delay_on`).
+    /// Node faults strike node 0 only; in a run with no node fault,
+    /// `delay`'s first strike hits a link to node 0 and its second a link
+    /// to node 0 or node 1, standing for every node not yet struck: nodes
+    /// are interchangeable until one is struck (see
+    /// `LockModel::may_strike_node` and `LockModel::may_delay_on`).
     pub node_symmetry: bool,
     /// A message is delivered no later than the next instant at which
     /// something else can change, instead of at any instant up to its own
@@ -1873,10 +1878,7 @@ impl LockModel {
     /// wherever it strikes relative to it. Single-node protocols have one
     /// node anyway.
     fn may_delay_on(&self, state: &State, n: u8) -> bool {
-        let node_fault = self
-            .cfg
-            .faults()
-            .any(|f| f != Fault::Delay && self.distinguishes_nodes(f));
+        let node_fault = self.cfg.faults().any(|f| self.distinguishes_nodes(f));
         n <= self.delay_strikes(state) || !self.cfg.reductions.node_symmetry || node_fault
     }
 
