@@ -1877,9 +1877,10 @@ impl LockModel {
     /// one restricted to node 0, and the delay must stay free to strike
     /// wherever it strikes relative to it. Single-node protocols have one
     /// node anyway.
-    fn may_delay_on(&self, state: &State, n: u8) -> bool {
+    /// `strikes` is [`LockModel::delay_strikes`].
+    fn may_delay_on(&self, n: u8, strikes: u8) -> bool {
         let node_fault = self.cfg.faults().any(|f| self.distinguishes_nodes(f));
-        n <= self.delay_strikes(state) || !self.cfg.reductions.node_symmetry || node_fault
+        n <= strikes || !self.cfg.reductions.node_symmetry || node_fault
     }
 
     /// May a `delay` strike hit client `c`'s links? Where client symmetry
@@ -1887,8 +1888,9 @@ impl LockModel {
     /// `delay`'s first strike hits client 0 and its second client 0 or 1,
     /// which stands for every client not yet struck: once the first has
     /// struck, client 0 differs from the others.
-    fn may_delay_client(&self, state: &State, c: u8) -> bool {
-        self.may_strike(c) || c <= self.delay_strikes(state)
+    /// `strikes` is [`LockModel::delay_strikes`].
+    fn may_delay_client(&self, c: u8, strikes: u8) -> bool {
+        self.may_strike(c) || c <= strikes
     }
 
     /// How many of `delay`'s two strikes (one message held up, one lost)
@@ -1915,16 +1917,16 @@ impl LockModel {
     pub fn enabled(&self, state: &State, actions: &mut Vec<Action>) {
         let cfg = &self.cfg;
         let can = |f: Fault| state.budget & cfg.budget_bit(f) != 0;
+        let delay_strikes = self.delay_strikes(state);
         for c in 0..cfg.clients {
             let client = &state.clients[usize::from(c)];
             let strike = self.may_strike(c);
             let now = client.clock.at(state.time);
+            let delay_client =
+                cfg.has(Fault::Delay) && !client.crashed && self.may_delay_client(c, delay_strikes);
             for n in 0..cfg.nodes {
                 let link = &state.links[self.link(c, n)];
-                let delay = self.may_delay_client(state, c)
-                    && cfg.has(Fault::Delay)
-                    && !client.crashed
-                    && self.may_delay_on(state, n);
+                let delay = delay_client && self.may_delay_on(n, delay_strikes);
                 if delay && state.holds_left > 0 && link.requests.front().is_some_and(|m| !m.late) {
                     actions.push(Action::Hold { client: c, node: n });
                 }
