@@ -906,7 +906,18 @@ impl Run<'_> {
             // A node that synced as a replica (a failover's replica, a split
             // brain's demoted old master) wrote the master's data to its
             // RDB file, which a restart would load: an empty one replaces it.
-            let _: () = redis::cmd("SAVE").query_async(conn).await?;
+            // A replica's full sync of the last replay may still have its
+            // background save running, which refuses SAVE until it ends.
+            let mut tries = 0;
+            loop {
+                match redis::cmd("SAVE").query_async::<()>(&mut *conn).await {
+                    Err(e) if tries < 200 && e.to_string().contains("save already in progress") => {
+                        tries += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    done => break done?,
+                }
+            }
             let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(conn).await?;
         }
         self.set_clocks(first)?;

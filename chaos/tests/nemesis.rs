@@ -6,7 +6,8 @@
 //! lag); each observed cell compared with the model's matrix, and each
 //! client mutation required to be caught.
 //!
-//! `NEMESIS_SEED` replays another seed. The table is printed and written to
+//! `NEMESIS_SEED` replays another seed; `NEMESIS_JOBS` sets how many runs
+//! go side by side (3). The table is printed and written to
 //! `target/tmp/nemesis.md`.
 
 mod common;
@@ -15,12 +16,18 @@ use std::time::{Duration, Instant};
 
 use lockwright_chaos::in_ci;
 use lockwright_chaos::nemesis::campaign::{
-    failures, progress_line, rows, run_mutation, table, Settings,
+    failures, progress_line, rows, run_mutation, run_side_by_side, table, Settings,
 };
 use lockwright_chaos::nemesis::run::{bridged_traffic_filtered, run, BRIDGE_NF_CALL_IPTABLES};
 use lockwright_chaos::nemesis::Mutation;
 use lockwright_core::ProtocolId;
 use lockwright_model::Fault;
+
+/// What a task of the test returns.
+enum Done {
+    Run(Box<lockwright_chaos::nemesis::run::RunReport>),
+    Mutation(lockwright_chaos::nemesis::campaign::MutationRow),
+}
 
 /// The cells of the CI run.
 const CELLS: [(ProtocolId, Fault); 24] = [
@@ -82,7 +89,7 @@ fn iptables_ready() -> bool {
     ok
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
     if !common::docker_ready() || !iptables_ready() {
         return;
@@ -100,13 +107,22 @@ async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
         client_binary: env!("CARGO_BIN_EXE_nemesis-client").into(),
         lease_semaphore_limit: 2,
     };
+    // Three runs at a time: each has its own network, containers and
+    // rules, and mostly waits on real time (see `run_side_by_side`).
+    let at_once = std::env::var("NEMESIS_JOBS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     let started = Instant::now();
-    let mut reports = Vec::new();
+    type Job = std::pin::Pin<Box<dyn std::future::Future<Output = Done> + Send>>;
+    let mut jobs: Vec<Job> = Vec::new();
     for (index, (protocol, fault)) in CELLS.into_iter().enumerate() {
         let config = settings.config(protocol, fault, seed + index as u64, Mutation::None);
-        let report = run(&config).await.expect("a nemesis run");
-        eprintln!("{}", progress_line(started.elapsed(), &report));
-        reports.push(report);
+        jobs.push(Box::pin(async move {
+            let report = run(&config).await.expect("a nemesis run");
+            eprintln!("{}", progress_line(started.elapsed(), &report));
+            Done::Run(Box::new(report))
+        }));
     }
     // Runs of 16 TTLs: the faults stop eleven TTLs before the end, and
     // progress is judged over the healthy stretch after the last one.
@@ -116,26 +132,42 @@ async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
     };
     for (index, (protocol, fault)) in LONG_CELLS.into_iter().enumerate() {
         let seed = seed + (CELLS.len() + index) as u64;
-        let report = run(&long.config(protocol, fault, seed, Mutation::None))
-            .await
-            .expect("a nemesis run");
-        eprintln!("{}", progress_line(started.elapsed(), &report));
-        assert!(
-            report.progress_judged,
-            "({}, {}) seed {seed}: a run of 16 TTLs leaves a healthy stretch to judge progress in",
-            protocol.as_str(),
-            fault.as_str()
-        );
-        reports.push(report);
+        let config = long.config(protocol, fault, seed, Mutation::None);
+        jobs.push(Box::pin(async move {
+            let report = run(&config).await.expect("a nemesis run");
+            eprintln!("{}", progress_line(started.elapsed(), &report));
+            assert!(
+                report.progress_judged,
+                "({}, {}) seed {seed}: a run of 16 TTLs leaves a healthy stretch to judge progress in",
+                protocol.as_str(),
+                fault.as_str()
+            );
+            Done::Run(Box::new(report))
+        }));
     }
-    let mut mutations = Vec::new();
     for mutation in Mutation::ALL {
-        let row = run_mutation(&settings, mutation, 3, |report| {
-            eprintln!("{}", progress_line(started.elapsed(), report));
-        })
+        let settings = settings.clone();
+        jobs.push(Box::pin(async move {
+            let row = run_mutation(&settings, mutation, 3, |report| {
+                eprintln!("{}", progress_line(started.elapsed(), report));
+            })
+            .await
+            .expect("a mutation run");
+            Done::Mutation(row)
+        }));
+    }
+    // The mutation runs last longest (up to three runs each): they start first.
+    jobs.rotate_right(Mutation::ALL.len());
+    let mut reports = Vec::new();
+    let mut mutations = Vec::new();
+    for done in run_side_by_side(jobs, at_once)
         .await
-        .expect("a mutation run");
-        mutations.push(row);
+        .expect("the nemesis tasks")
+    {
+        match done {
+            Done::Run(report) => reports.push(*report),
+            Done::Mutation(row) => mutations.push(row),
+        }
     }
     let rows = rows(&reports);
     let text = table(&rows, &mutations);

@@ -311,6 +311,35 @@ pub async fn run_mutation(
     Ok(row)
 }
 
+/// Runs every future of `jobs`, at most `at_once` at a time, each on a
+/// task of its own, and returns their outputs in the order given.
+///
+/// Nemesis runs are independent (each has its own network, subnet,
+/// containers, rules and files), and most of a run is waiting: for its
+/// clients to loop for their duration, for a fault's next step, for a
+/// failover. Side by side, the runs keep every fault real; what they
+/// share is the host's CPU, which is why `at_once` stays small.
+pub async fn run_side_by_side<T: Send + 'static>(
+    jobs: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
+    at_once: usize,
+) -> Result<Vec<T>, ChaosError> {
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(at_once.max(1)));
+    let mut set = tokio::task::JoinSet::new();
+    for (index, job) in jobs.into_iter().enumerate() {
+        let permits = permits.clone();
+        set.spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            (index, job.await)
+        });
+    }
+    let mut done = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        done.push(joined.map_err(|e| ChaosError::Harness(format!("a nemesis task: {e}")))?);
+    }
+    done.sort_by_key(|(index, _)| *index);
+    Ok(done.into_iter().map(|(_, output)| output).collect())
+}
+
 /// The table and summary of a campaign.
 pub fn table(rows: &[Row], mutations: &[MutationRow]) -> String {
     let mut out = String::from(

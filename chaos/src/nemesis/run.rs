@@ -283,6 +283,23 @@ pub fn model_verdict(protocol: ProtocolId, fault: Fault, property: PropertyId) -
 /// and the shared libraries `ldd` names, at their real paths. Returns its
 /// `name:tag`. Nothing is pulled.
 pub async fn ensure_client_image(binary: &Path) -> Result<String, ChaosError> {
+    // Runs side by side ask at once: one builds, the others wait for its
+    // tag (the build directory is per process), and later runs of the same
+    // binary skip the hash and the `docker image inspect`.
+    static BUILT: tokio::sync::Mutex<Option<(PathBuf, String)>> =
+        tokio::sync::Mutex::const_new(None);
+    let mut built = BUILT.lock().await;
+    if let Some((path, tag)) = built.as_ref() {
+        if path == binary {
+            return Ok(tag.clone());
+        }
+    }
+    let tag = build_client_image(binary).await?;
+    *built = Some((binary.to_owned(), tag.clone()));
+    Ok(tag)
+}
+
+async fn build_client_image(binary: &Path) -> Result<String, ChaosError> {
     let bytes = std::fs::read(binary)?;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut hasher);
@@ -485,6 +502,7 @@ impl Topology {
             let mut delete = vec!["-D".to_owned(), "DOCKER-USER".to_owned()];
             delete.extend(spec);
             let _ = std::process::Command::new("iptables")
+                .arg("-w")
                 .args(&delete)
                 .output();
         }
@@ -508,6 +526,7 @@ impl Drop for Topology {
 
 async fn iptables(args: &[String]) -> Result<(), ChaosError> {
     let output = tokio::process::Command::new("iptables")
+        .arg("-w")
         .args(args)
         .output()
         .await?;
@@ -538,7 +557,10 @@ pub(crate) fn remove_leftover_rules(dead: impl Fn(&str) -> bool) {
         if words.first() == Some(&"-A") && owner.is_some_and(&dead) {
             let mut args = vec!["-D"];
             args.extend_from_slice(&words[1..]);
-            let _ = std::process::Command::new("iptables").args(&args).output();
+            let _ = std::process::Command::new("iptables")
+                .arg("-w")
+                .args(&args)
+                .output();
         }
     }
 }
