@@ -10,8 +10,6 @@
 //! go side by side (3). The table is printed and written to
 //! `target/tmp/nemesis.md`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use lockwright_chaos::in_ci;
@@ -91,7 +89,7 @@ fn iptables_ready() -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_nemesis_agrees_with_the_model_and_catches_every_mutation() {
-    if !common::docker_ready() || !iptables_ready() {
+    if !crate::common::docker_ready() || !iptables_ready() {
         return;
     }
     let seed = std::env::var("NEMESIS_SEED")

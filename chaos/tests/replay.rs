@@ -8,17 +8,11 @@
 //! the harness that the replay must catch, and a check of the frozen clock
 //! it relies on.
 
-/// The checker's allocator (see `lockwright_model::Allocator`).
-#[global_allocator]
-static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
-
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Instant;
 
-use common::docker_ready;
+use crate::common::docker_ready;
 use lockwright_chaos::replay::{
     cases, plan, Bench, Case, ReplayOptions, Suite, Verdict, SUITE_BENCHES,
 };
@@ -256,9 +250,17 @@ async fn deliberate_faults_in_the_harness_are_caught() {
             },
         ),
     ];
-    for (protocol, fault, property, mutation) in mutations {
-        caught(&case(protocol, fault, property), mutation).await;
-    }
+    // The traces first (the model's work, which would hold up the
+    // replays' requests on this one thread), then two replays at a time,
+    // each on a bench of its own.
+    let cases: Vec<(Case, ReplayOptions)> = mutations
+        .into_iter()
+        .map(|(protocol, fault, property, mutation)| (case(protocol, fault, property), mutation))
+        .collect();
+    use futures_util::StreamExt;
+    futures_util::stream::iter(&cases)
+        .for_each_concurrent(2, |(c, mutation)| caught(c, *mutation))
+        .await;
 }
 
 /// A time-fenced protocol on real Redis: after a real restart (SIGKILL and
