@@ -294,7 +294,7 @@ pub const PATHS_PER_RUN: u64 = 2;
 pub const PATH_STEPS: usize = 80;
 /// Benches (sets of containers) a whole suite run replays on side by side
 /// ([`Suite::run`]).
-pub const SUITE_BENCHES: usize = 3;
+pub const SUITE_BENCHES: usize = 2;
 
 /// One violated cell's replay in a suite run.
 #[derive(Clone, Debug)]
@@ -455,7 +455,7 @@ impl Suite {
     /// property that holds, calling `progress` with one line per replay.
     ///
     /// Each bench of `benches` (its own containers) takes the next replay
-    /// when it finishes one, so with three benches three replays run side by
+    /// when it finishes one, so with two benches two replays run side by
     /// side: most of a replay's time is spent waiting on Docker and Redis,
     /// and each replay has its containers to itself, as with one bench.
     /// The suite lists the replays in plan order whatever the order they

@@ -16,7 +16,9 @@ use lockwright_chaos::in_ci;
 use lockwright_chaos::nemesis::campaign::{
     failures, progress_line, rows, run_mutation, run_side_by_side, table, Settings,
 };
-use lockwright_chaos::nemesis::run::{bridged_traffic_filtered, run, BRIDGE_NF_CALL_IPTABLES};
+use lockwright_chaos::nemesis::run::{
+    bridged_traffic_filtered, cut_chain, run, BRIDGE_NF_CALL_IPTABLES,
+};
 use lockwright_chaos::nemesis::Mutation;
 use lockwright_core::ProtocolId;
 use lockwright_model::Fault;
@@ -66,7 +68,7 @@ const LONG_CELLS: [(ProtocolId, Fault); 2] = [
 
 fn iptables_ready() -> bool {
     let ok = std::process::Command::new("iptables")
-        .args(["-S", "DOCKER-USER"])
+        .args(cut_chain("-S"))
         .output()
         .is_ok_and(|o| o.status.success())
         && bridged_traffic_filtered(
@@ -77,11 +79,11 @@ fn iptables_ready() -> bool {
     if !ok {
         assert!(
             !in_ci(),
-            "the nemesis needs iptables, the DOCKER-USER chain (root) and \
+            "the nemesis needs iptables, its raw table (root) and \
              {BRIDGE_NF_CALL_IPTABLES} = 1 in CI"
         );
         eprintln!(
-            "\n*** SKIPPED: iptables, the DOCKER-USER chain or {BRIDGE_NF_CALL_IPTABLES} = 1 is not available ***\n"
+            "\n*** SKIPPED: iptables, its raw table or {BRIDGE_NF_CALL_IPTABLES} = 1 is not available ***\n"
         );
     }
     ok

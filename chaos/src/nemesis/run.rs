@@ -24,7 +24,7 @@
 //! - **`pause`**: `docker pause` of a client container for 1.2 to 2 TTLs:
 //!   three times in four the client that has just read the resource (inside
 //!   its section), else the one that wrote last.
-//! - **`partition`**: iptables DROP rules in `DOCKER-USER` between chosen
+//! - **`partition`**: iptables DROP rules ([`CUT_CHAIN`]) between chosen
 //!   client and node containers (both directions of each pair: a black hole,
 //!   no reset), for 1.5 to 3 TTLs, begun as a client enters its section (when
 //!   one does within a TTL) and always cutting that client.
@@ -474,7 +474,7 @@ impl Topology {
     }
 
     async fn add_rule(&mut self, spec: Vec<String>) -> Result<(), ChaosError> {
-        let mut insert = vec!["-I".to_owned(), "DOCKER-USER".to_owned()];
+        let mut insert = cut_chain("-I");
         insert.extend(spec.iter().cloned());
         iptables(&insert).await?;
         self.rules.push(spec);
@@ -486,7 +486,7 @@ impl Topology {
         // tracked (for `cleanup`) and the first error is returned.
         let mut first_error = None;
         for spec in std::mem::take(&mut self.rules) {
-            let mut delete = vec!["-D".to_owned(), "DOCKER-USER".to_owned()];
+            let mut delete = cut_chain("-D");
             delete.extend(spec.iter().cloned());
             if let Err(e) = iptables(&delete).await {
                 self.rules.push(spec);
@@ -499,10 +499,9 @@ impl Topology {
     /// Removes everything the run created (idempotent; also run on drop).
     pub fn cleanup(&mut self) {
         for spec in std::mem::take(&mut self.rules) {
-            let mut delete = vec!["-D".to_owned(), "DOCKER-USER".to_owned()];
+            let mut delete = cut_chain("-D");
             delete.extend(spec);
             let _ = std::process::Command::new("iptables")
-                .arg("-w")
                 .args(&delete)
                 .output();
         }
@@ -526,7 +525,6 @@ impl Drop for Topology {
 
 async fn iptables(args: &[String]) -> Result<(), ChaosError> {
     let output = tokio::process::Command::new("iptables")
-        .arg("-w")
         .args(args)
         .output()
         .await?;
@@ -540,10 +538,31 @@ async fn iptables(args: &[String]) -> Result<(), ChaosError> {
     }
 }
 
-/// Removes the `DOCKER-USER` rules of nemesis runs whose process is gone.
+/// Where the cuts go: `-t raw -A PREROUTING`. Bridged traffic between two
+/// containers passes `raw PREROUTING` (with `br_netfilter`) before any chain
+/// Docker manages. Not `DOCKER-USER`: each `docker network create` makes
+/// Docker 20.10 delete the `FORWARD -j DOCKER-USER` jump and insert it again,
+/// two iptables calls apart, and packets forwarded in between skip every
+/// `DOCKER-USER` rule; runs side by side create networks while others'
+/// cuts are in place.
+pub const CUT_CHAIN: [&str; 3] = ["-t", "raw", "PREROUTING"];
+
+/// `iptables -w <op> …` on [`CUT_CHAIN`]: `op` is `-I`, `-D` or `-S`.
+pub fn cut_chain(op: &str) -> Vec<String> {
+    vec![
+        "-w".to_owned(),
+        CUT_CHAIN[0].to_owned(),
+        CUT_CHAIN[1].to_owned(),
+        op.to_owned(),
+        CUT_CHAIN[2].to_owned(),
+    ]
+}
+
+/// Removes the cut rules ([`CUT_CHAIN`]) of nemesis runs whose process is
+/// gone.
 pub(crate) fn remove_leftover_rules(dead: impl Fn(&str) -> bool) {
     let Ok(output) = std::process::Command::new("iptables")
-        .args(["-S", "DOCKER-USER"])
+        .args(cut_chain("-S"))
         .output()
     else {
         return;
@@ -555,12 +574,10 @@ pub(crate) fn remove_leftover_rules(dead: impl Fn(&str) -> bool) {
             .find(|w| w[0] == "--comment")
             .map(|w| w[1].trim_matches('"'));
         if words.first() == Some(&"-A") && owner.is_some_and(&dead) {
-            let mut args = vec!["-D"];
-            args.extend_from_slice(&words[1..]);
-            let _ = std::process::Command::new("iptables")
-                .arg("-w")
-                .args(&args)
-                .output();
+            // `-S` prints `-A PREROUTING <spec>`: delete `<spec>`.
+            let mut args = cut_chain("-D");
+            args.extend(words.iter().skip(2).map(|w| w.trim_matches('"').to_owned()));
+            let _ = std::process::Command::new("iptables").args(&args).output();
         }
     }
 }
@@ -569,7 +586,7 @@ pub(crate) fn remove_leftover_rules(dead: impl Fn(&str) -> bool) {
 /// pass the host's iptables chains (`br_netfilter`).
 pub const BRIDGE_NF_CALL_IPTABLES: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
 
-/// Do `DOCKER-USER` rules see traffic between two containers of one bridge
+/// Do iptables rules see traffic between two containers of one bridge
 /// network? Only with `br_netfilter` loaded and its switch (the text of
 /// [`BRIDGE_NF_CALL_IPTABLES`], `None` when absent) on; otherwise the
 /// partition's DROP rules would cut nothing and its cells would pass
@@ -628,7 +645,7 @@ async fn redis_gone(url: &str, timeout: Duration) -> Result<(), ChaosError> {
     }
 }
 
-/// An iptables rule (for `DOCKER-USER`) that drops every packet from `src`
+/// An iptables rule (for [`CUT_CHAIN`]) that drops every packet from `src`
 /// to `dst`, tagged with the run's prefix.
 fn drop_rule(src: &str, dst: &str, prefix: &str) -> Vec<String> {
     [
