@@ -393,15 +393,14 @@ pub struct Topology {
     containers: Vec<String>,
     rules: Vec<Vec<String>>,
     out_dir: PathBuf,
+    /// This run's number in the process (runs side by side have their own).
+    number: u64,
 }
 
 impl Topology {
     fn new() -> Result<Topology, ChaosError> {
-        let prefix = format!(
-            "lockwright-chaos-{}-nemesis-{}",
-            std::process::id(),
-            RUNS.fetch_add(1, Ordering::Relaxed)
-        );
+        let number = RUNS.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("lockwright-chaos-{}-nemesis-{number}", std::process::id());
         let out_dir = std::env::temp_dir().join(&prefix);
         std::fs::create_dir_all(&out_dir)?;
         Ok(Topology {
@@ -411,6 +410,7 @@ impl Topology {
             containers: Vec::new(),
             rules: Vec::new(),
             out_dir,
+            number,
         })
     }
 
@@ -421,7 +421,9 @@ impl Topology {
 
     async fn create_network(&mut self) -> Result<(), ChaosError> {
         let name = format!("{}-net", self.prefix);
-        let start = (std::process::id() as u64 * 7 + RUNS.load(Ordering::Relaxed)) % 200;
+        // From this run's own number: runs side by side start their search
+        // at different subnets.
+        let start = (u64::from(std::process::id()) * 7 + self.number * 3) % 200;
         let mut last = None;
         for attempt in 0..40 {
             let subnet = format!("10.213.{}", (start + attempt) % 250);
@@ -1210,13 +1212,16 @@ pub async fn run(config: &RunConfig) -> Result<RunReport, ChaosError> {
     let result = run_in(config, &image, &mut topology).await;
     if let Some(keep) = std::env::var_os("NEMESIS_KEEP") {
         // For study: NEMESIS_KEEP=DIR copies the clients' histories and
-        // every container's log to DIR/<protocol>-<fault>-<seed>/ before
+        // every container's log to DIR/<protocol>-<fault>-<seed>-<mutation>/ before
         // the run's files and containers go.
+        // The mutation in the name: a mutation's first run has the seed of
+        // the first cell, and the two may run side by side.
         let dir = Path::new(&keep).join(format!(
-            "{}-{}-{}",
+            "{}-{}-{}-{}",
             config.protocol.as_str(),
             config.fault.as_str(),
-            config.seed
+            config.seed,
+            config.mutation.as_str()
         ));
         if std::fs::create_dir_all(&dir).is_ok() {
             for entry in std::fs::read_dir(&topology.out_dir)
