@@ -12,6 +12,7 @@
 //! `--quick`), `--no-model`, `--model-cap SECS` (per protocol × fault run,
 //! default 20), `--out PATH`.
 
+mod allocs;
 mod contention;
 mod market;
 mod model_run;
@@ -27,6 +28,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use util::{BenchError, Result};
+
+/// Every allocation is counted (section 1's allocations per cycle).
+#[global_allocator]
+static ALLOCATOR: allocs::Counting = allocs::Counting;
 
 /// What the command line asked for.
 #[derive(Clone, Debug)]

@@ -472,7 +472,11 @@ impl Report {
              it (the runtime's own work, the servers' cron), which is small beside the cycles. \
              **CPUs busy** is (client + server CPU time) ÷ wall time, i.e. cycles/s × CPU per \
              cycle; **machine busy** is the busy share of all CPUs over the window, whoever used \
-             them (`/proc/stat`).\n",
+             them (`/proc/stat`). **Allocations** are the heap allocation calls (`alloc`, \
+             `alloc_zeroed`, `realloc`) the bench process made over the window per cycle, counted \
+             by its global allocator in one counter per thread (so counting adds no traffic \
+             between the CPUs): unlike the CPU figures, this count does not depend on what else \
+             the machine did.\n",
             s.window.as_secs_f64(),
             s.warmup.as_secs_f64(),
             crate::util::clock_ticks()
@@ -508,17 +512,17 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "| contender | masters | tasks | cycles/s | commands/cycle | connections/cycle | client CPU µs/cycle | server CPU µs/cycle | client + server µs/cycle | CPUs busy (client + servers) | machine busy | by command |"
+            "| contender | masters | tasks | cycles/s | commands/cycle | connections/cycle | client CPU µs/cycle | server CPU µs/cycle | client + server µs/cycle | CPUs busy (client + servers) | machine busy | allocations/cycle | by command |"
         );
         let _ = writeln!(
             o,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         );
         for row in &self.rows {
             let p = &row.point;
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {:.1} | {} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {:.1} | {} | {:.2} | {} | {:.1} | {} |",
                 row.who,
                 row.masters,
                 row.tasks,
@@ -532,6 +536,7 @@ impl Report {
                 p.cpus_busy,
                 p.machine_busy
                     .map_or_else(|| "n/a".to_owned(), |m| format!("{:.0} %", 100.0 * m)),
+                p.allocs_per_cycle,
                 render_counts(&p.commands, p.cycles.max(1) as f64)
             );
         }
@@ -691,6 +696,19 @@ impl Report {
                  loop's {raw_cmds:.2} and rslock's {rs_cmds:.2} (1 master, 16 tasks; `INFO \
                  commandstats` also counts commands run inside scripts). "
             );
+        }
+        let allocs = |who: &str, n: usize| self.row(who, n, 16).map(|p| p.allocs_per_cycle);
+        for (who, n) in [("adapter:set-px-lua", 1), ("adapter:redlock", 5)] {
+            if let (Some(a), Some(raw), Some(rs)) =
+                (allocs(who, n), allocs("raw", n), allocs("rslock", n))
+            {
+                let _ = write!(
+                    text,
+                    "Heap allocations per cycle ({n} master(s), 16 tasks): {} {a:.1}, the raw \
+                     loop {raw:.1}, rslock {rs:.1}. ",
+                    who.trim_start_matches("adapter:")
+                );
+            }
         }
         if conns < 0.01 {
             let _ = write!(

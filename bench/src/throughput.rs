@@ -208,6 +208,10 @@ pub(crate) struct Point {
     /// The bench process's CPU time (user + system) per cycle, in µs
     /// (`None` where `/proc/self/stat` cannot be read).
     pub(crate) client_cpu_us: Option<f64>,
+    /// Heap allocations (`alloc`, `alloc_zeroed` and `realloc` calls) the
+    /// bench process made per cycle over the window, whichever thread made
+    /// them (see the `allocs` module).
+    pub(crate) allocs_per_cycle: f64,
     /// The masters' CPU time (`INFO cpu` user + system, summed) per cycle,
     /// in µs.
     pub(crate) server_cpu_us: f64,
@@ -272,6 +276,7 @@ pub(crate) async fn measure(
         server0 += util::server_cpu(admin).await?;
     }
     let client0 = util::process_cpu(ticks);
+    let allocs0 = crate::allocs::total();
     let machine0 = util::machine_cpu();
     let (c0, a0, t0) = (
         cycles.load(Ordering::Relaxed),
@@ -285,6 +290,7 @@ pub(crate) async fn measure(
         t0.elapsed(),
     );
     let client1 = util::process_cpu(ticks);
+    let allocs1 = crate::allocs::total();
     let machine1 = util::machine_cpu();
     let mut server1 = 0.0;
     for admin in admins.iter_mut() {
@@ -319,6 +325,7 @@ pub(crate) async fn measure(
         connections_per_cycle: conns1.saturating_sub(conns0) as f64 / done.max(1) as f64,
         commands,
         client_cpu_us: client.map(|c| c * 1e6 / per),
+        allocs_per_cycle: allocs1.saturating_sub(allocs0) as f64 / per,
         server_cpu_us: server * 1e6 / per,
         cpus_busy: (client.unwrap_or(0.0) + server) / elapsed.as_secs_f64(),
         machine_busy: match (machine0, machine1) {
