@@ -585,6 +585,9 @@ struct Link {
     own: Option<MultiplexedConnection>,
     in_flight: Option<InFlight>,
     queue: VecDeque<Request>,
+    /// How the node's latest request ended, as the driver recorded it (see
+    /// [`Io::answered`]).
+    answered: Option<Result<(), String>>,
 }
 
 /// One hold's requests: per-node queues and the request in flight on each
@@ -615,6 +618,7 @@ impl Io {
                     own: None,
                     in_flight: None,
                     queue: VecDeque::new(),
+                    answered: None,
                 })
                 .collect(),
             timeout,
@@ -640,6 +644,25 @@ impl Io {
             link.start(node, request);
         }
         true
+    }
+
+    /// The number of nodes.
+    pub(crate) fn nodes(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Per node, how its latest request ended, as the driver recorded it:
+    /// `Some(Ok(()))` replied, `Some(Err(_))` no reply (with why), `None`
+    /// in flight or never sent. Tells a denial caused by unreachable nodes
+    /// from one caused by a taken lock. (Kept here, beside each node's
+    /// queue, so that a hold allocates no vector of its own for it.)
+    pub(crate) fn answered(&self) -> impl Iterator<Item = &Option<Result<(), String>>> {
+        self.links.iter().map(|l| &l.answered)
+    }
+
+    /// Node `node`'s entry of [`Io::answered`], to record an outcome.
+    pub(crate) fn answered_mut(&mut self, node: usize) -> Option<&mut Option<Result<(), String>>> {
+        self.links.get_mut(node).map(|l| &mut l.answered)
     }
 
     /// A request with an id below `id` is queued or in flight.

@@ -37,9 +37,21 @@ use lockwright_core::{
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{Instant, Sleep};
 use tracing::Instrument;
+/// `future`, run inside `span` when a subscriber wants the span, and as it
+/// is otherwise: `Instrumented` enters and exits even a disabled span on
+/// every poll, a cost on the lock's hot path that buys nothing when nobody
+/// records it.
+pub(crate) async fn in_span<F: std::future::Future>(span: tracing::Span, future: F) -> F::Output {
+    if span.is_disabled() {
+        future.await
+    } else {
+        future.instrument(span).await
+    }
+}
+
 /// How long an acquire may take, in the application's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum How {
@@ -269,7 +281,7 @@ pub(crate) fn new(
     token_release: Option<HoldRelease>,
     fresh: Option<FreshAttempt>,
 ) -> Inline {
-    let (lost, _) = watch::channel(false);
+    let lost = std::sync::Arc::new(Notify::new());
     Inline(Some(Box::new(Driver {
         machine,
         io: Io::new(routes, settings.request_timeout, settings.keys.clone()),
@@ -278,7 +290,6 @@ pub(crate) fn new(
         pending: Pending::None,
         cell: None,
         lost,
-        answered: vec![None; routes.len()],
         warned: None,
         unanswered: None,
         token_release,
@@ -311,7 +322,7 @@ impl Inline {
     pub(crate) async fn drive<T>(&mut self, result: &mut oneshot::Receiver<T>) -> Option<T> {
         let driver = self.0.as_mut()?;
         let span = driver.span.clone();
-        async {
+        in_span(span, async {
             loop {
                 driver.drain();
                 match result.try_recv() {
@@ -327,8 +338,7 @@ impl Inline {
                     Err(oneshot::error::TryRecvError::Empty) => driver.step().await,
                 }
             }
-        }
-        .instrument(span)
+        })
         .await
     }
 
@@ -363,11 +373,13 @@ impl Inline {
         Holder::Task(ops)
     }
 
-    /// A receiver of the hold's loss flag.
-    pub(crate) fn lost(&self) -> watch::Receiver<bool> {
+    /// The hold's loss signal: notified (`notify_waiters`) once the driver
+    /// has marked the lease cell lost, so that whoever waits looks at the
+    /// cell again.
+    pub(crate) fn lost(&self) -> std::sync::Arc<Notify> {
         match &self.0 {
-            Some(driver) => driver.lost.subscribe(),
-            None => watch::channel(false).1,
+            Some(driver) => std::sync::Arc::clone(&driver.lost),
+            None => std::sync::Arc::new(Notify::new()),
         }
     }
 
@@ -442,12 +454,10 @@ struct Driver {
     deferred: VecDeque<Call>,
     pending: Pending,
     cell: Option<LeaseCell>,
-    lost: watch::Sender<bool>,
-    /// Per node, how its latest request ended: `Some(Ok(()))` replied,
-    /// `Some(Err(_))` no reply (with why), `None` in flight or never sent.
-    /// Tells a denial caused by unreachable nodes from one caused by a
-    /// taken lock.
-    answered: Vec<Option<Result<(), String>>>,
+    /// Wakes the guard's `lost()` futures once the cell says lost (a
+    /// `Notify`, not a `watch` channel: nothing to do when the driver ends,
+    /// where a `watch` sender wakes its eight notifier shards on drop).
+    lost: std::sync::Arc<Notify>,
     /// The connection problem last logged at `warn` during an acquire (one
     /// line per new problem, not one per retry).
     warned: Option<String>,
@@ -538,7 +548,7 @@ impl Driver {
                     self.on_failure(node, failure);
                 } else {
                     self.warned = None;
-                    if let Some(slot) = self.answered.get_mut(node) {
+                    if let Some(slot) = self.io.answered_mut(node) {
                         *slot = Some(Ok(()));
                     }
                 }
@@ -679,7 +689,7 @@ impl Driver {
 
     fn transmit(&mut self, request: Request) {
         let id = request.id;
-        if let Some(slot) = self.answered.get_mut(usize::from(request.node.0)) {
+        if let Some(slot) = self.io.answered_mut(usize::from(request.node.0)) {
             *slot = None;
         }
         if !self.io.send(request) {
@@ -691,7 +701,7 @@ impl Driver {
 
     /// A request got no reply (or could not be sent).
     fn on_failure(&mut self, node: usize, failure: Failure) {
-        if let Some(slot) = self.answered.get_mut(node) {
+        if let Some(slot) = self.io.answered_mut(node) {
             *slot = Some(Err(failure.text.clone()));
         }
         match &self.pending {
@@ -751,7 +761,7 @@ impl Driver {
             return;
         };
         let command = release.how.command(&release.token);
-        for node in 0..self.answered.len() {
+        for node in 0..self.io.nodes() {
             self.send_token_request(node, command.clone(), rounds, retries, true);
         }
     }
@@ -955,13 +965,13 @@ impl Driver {
     /// The result of a denied acquire: taken (`Ok(None)`), or unreachable
     /// when too few nodes answered the last attempt to tell.
     fn denial(&self) -> Result<Option<Granted>, Error> {
-        let nodes = self.answered.len();
+        let nodes = self.io.nodes();
         let answered = self
-            .answered
-            .iter()
+            .io
+            .answered()
             .filter(|a| matches!(a, Some(Ok(()))))
             .count();
-        let reason = self.answered.iter().find_map(|a| match a {
+        let reason = self.io.answered().find_map(|a| match a {
             Some(Err(reason)) => Some(reason.clone()),
             _ => None,
         });
@@ -1073,7 +1083,7 @@ impl Driver {
                 if let Some(cell) = &self.cell {
                     if cell.lose() {
                         tracing::warn!("hold lost");
-                        self.lost.send_replace(true);
+                        self.lost.notify_waiters();
                     }
                 }
                 match pending {

@@ -14,8 +14,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{oneshot, watch};
-use tracing::Instrument;
+use tokio::sync::{oneshot, Notify};
 
 /// How a [`Lock`] or [`Semaphore`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -438,7 +437,7 @@ impl Shared {
             protocol = %self.protocol,
         );
         let op_span = tracing::info_span!(parent: &span, "acquire", ?how);
-        async {
+        driver::in_span(op_span, async {
             let (token, seed) = token_and_seed()?;
             let config = Config {
                 seed,
@@ -484,8 +483,7 @@ impl Shared {
                 }),
                 None => None,
             })
-        }
-        .instrument(op_span)
+        })
         .await
     }
 
@@ -895,7 +893,8 @@ pub struct LockGuard {
     /// How many times this owner holds it (`reentrant` only goes above 1).
     holds: u32,
     holder: Holder,
-    lost: watch::Receiver<bool>,
+    /// The driver's loss signal (see `driver::Inline::lost`).
+    lost: std::sync::Arc<Notify>,
     lease: Lease,
     cell: LeaseCell,
     span: tracing::Span,
@@ -962,10 +961,15 @@ impl LockGuard {
     /// resolves after a release. Use it in a `select!` beside the critical
     /// section.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut lost = self.lost.clone();
+        let lost = std::sync::Arc::clone(&self.lost);
         let cell = self.cell.clone();
         async move {
             loop {
+                // Registered before the cell is read, so that a loss marked
+                // after the reading still wakes this wait.
+                let notified = lost.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
                 let snapshot = cell.snapshot();
                 let until = match snapshot.phase {
                     Phase::Lost => return,
@@ -980,9 +984,10 @@ impl LockGuard {
                     }
                 };
                 tokio::select! {
-                    // Lost by the driver's word (a failed renewal or extend);
-                    // a driver gone without a word leaves the expiry.
-                    Ok(_) = lost.wait_for(|lost| *lost) => return,
+                    // Lost by the driver's word (a failed renewal or extend):
+                    // the cell says so now. A driver gone without a word
+                    // leaves the expiry.
+                    () = &mut notified => {}
                     // Validity ran out, unless a renewal moved it: look again.
                     () = expiry => {}
                 }
@@ -1004,11 +1009,7 @@ impl LockGuard {
     /// not move). [`Error::Lost`] when Redis said the hold is gone.
     pub async fn extend(&mut self) -> Result<(), Error> {
         let span = tracing::info_span!(parent: &self.span, "extend");
-        match self
-            .call(|done| Call::Extend { done })
-            .instrument(span)
-            .await
-        {
+        match driver::in_span(span, self.call(|done| Call::Extend { done })).await {
             Ok(lease) => {
                 self.lease = lease;
                 Ok(())
@@ -1043,11 +1044,7 @@ impl LockGuard {
             return Err(Error::Usage(UsageError::NotHeld));
         }
         let span = tracing::info_span!(parent: &self.span, "reenter");
-        match self
-            .call(|done| Call::Reenter { done })
-            .instrument(span)
-            .await
-        {
+        match driver::in_span(span, self.call(|done| Call::Reenter { done })).await {
             Ok(lease) => {
                 self.lease = lease;
                 self.holds += 1;
@@ -1068,10 +1065,7 @@ impl LockGuard {
             self.cell.release();
         }
         let span = tracing::info_span!(parent: &self.span, "leave");
-        let result = self
-            .call(|done| Call::Release { done })
-            .instrument(span)
-            .await;
+        let result = driver::in_span(span, self.call(|done| Call::Release { done })).await;
         self.holds = self.holds.saturating_sub(1);
         // A nested level left after the hold ran out: the machine reported
         // `Lost` (which does not conclude the release) and then the level's
@@ -1114,16 +1108,14 @@ impl LockGuard {
         // A reentrant hold entered several times is released level by level
         // (the unlock script takes one level per call), down to zero.
         loop {
-            let result = match self
-                .call(|done| Call::Release { done })
-                .instrument(span.clone())
-                .await
-            {
-                // Lost by our reckoning, and the protocol cannot ask Redis
-                // by token whether the key is still ours.
-                Err(Error::Usage(UsageError::NotHeld)) => Err(Error::Lost),
-                other => other,
-            };
+            let result =
+                match driver::in_span(span.clone(), self.call(|done| Call::Release { done })).await
+                {
+                    // Lost by our reckoning, and the protocol cannot ask Redis
+                    // by token whether the key is still ours.
+                    Err(Error::Usage(UsageError::NotHeld)) => Err(Error::Lost),
+                    other => other,
+                };
             self.holds = self.holds.saturating_sub(1);
             if lost || self.holds == 0 || !matches!(result, Ok(true)) {
                 return result;

@@ -10,13 +10,16 @@ pub fn owner_token() -> Result<Token, Error> {
     Ok(token_of(&bytes))
 }
 
+/// The token's 32 hex digits, written on the stack and copied once into
+/// the token's shared string (one allocation per token).
 fn token_of(bytes: &[u8; 16]) -> Token {
-    let mut hex = String::with_capacity(32);
-    for &b in bytes {
-        hex.push(char::from(HEX[usize::from(b >> 4)]));
-        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    let mut hex = [0u8; 32];
+    for (pair, &b) in hex.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
     }
-    Token(hex.into())
+    // Hex digits are ASCII, so the conversion cannot fail.
+    Token(std::str::from_utf8(&hex).unwrap_or_default().into())
 }
 
 /// An owner token and a jitter seed from one read of the OS CSPRNG.
@@ -51,5 +54,13 @@ mod tests {
             .bytes()
             .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn token_digits_follow_the_bytes() {
+        let mut bytes = [0u8; 16];
+        bytes[0] = 0xab;
+        bytes[15] = 0x0f;
+        assert_eq!(&*token_of(&bytes).0, "ab00000000000000000000000000000f");
     }
 }

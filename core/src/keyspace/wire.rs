@@ -86,14 +86,79 @@ fn decimal(magnitude: u64, negative: bool, open: bool, buf: &mut [u8; 24]) -> &[
     &buf[at..]
 }
 
-fn strs<'a>(v: &mut Vec<Arg<'a>>, items: &'a [String]) {
+fn strs<'a>(v: &mut ArgBuf<'a>, items: &'a [String]) {
     v.extend(items.iter().map(|s| Arg::Str(s)));
+}
+
+/// How many arguments an [`ArgBuf`] holds without allocating: every
+/// command the catalogue's protocols send fits (the longest, a script
+/// call, is `EVALSHA`, the SHA, the key count, up to four keys and four
+/// arguments).
+const INLINE_ARGS: usize = 12;
+
+/// One argument vector being built: on the stack up to [`INLINE_ARGS`]
+/// arguments, on the heap beyond (so that writing a command allocates
+/// nothing for its argument list).
+struct ArgBuf<'a> {
+    inline: [Arg<'a>; INLINE_ARGS],
+    len: usize,
+    /// Every argument, once there are more than fit inline.
+    spill: Vec<Arg<'a>>,
+}
+
+impl<'a> ArgBuf<'a> {
+    fn new() -> ArgBuf<'a> {
+        ArgBuf {
+            inline: [Arg::UInt(0); INLINE_ARGS],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        self.spill.clear();
+    }
+
+    fn push(&mut self, arg: Arg<'a>) {
+        if self.spill.is_empty() && self.len < INLINE_ARGS {
+            self.inline[self.len] = arg;
+            self.len += 1;
+            return;
+        }
+        if self.spill.is_empty() {
+            self.spill.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.spill.push(arg);
+    }
+
+    fn extend(&mut self, args: impl IntoIterator<Item = Arg<'a>>) {
+        for arg in args {
+            self.push(arg);
+        }
+    }
+
+    fn as_slice(&self) -> &[Arg<'a>] {
+        if self.spill.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
+        }
+    }
+
+    fn set(&mut self, at: usize, arg: Arg<'a>) {
+        if self.spill.is_empty() {
+            self.inline[at] = arg;
+        } else {
+            self.spill[at] = arg;
+        }
+    }
 }
 
 impl Command {
     /// The arguments of this command, if it is a single vector, appended to
     /// `v`; `false` for [`Command::Transaction`] (several vectors).
-    fn args<'a>(&'a self, v: &mut Vec<Arg<'a>>) -> bool {
+    fn args<'a>(&'a self, v: &mut ArgBuf<'a>) -> bool {
         use Arg::{Int, Str, UInt};
         match self {
             Command::Set {
@@ -212,17 +277,17 @@ impl Command {
 
     /// Call `f` with each argument vector to write for this command, in
     /// order: the same vectors as [`Command::frames`], borrowed from the
-    /// command (one scratch vector is allocated for the call, none per
-    /// argument).
+    /// command (built on the stack: no allocation for a vector of up to 12
+    /// arguments, one beyond, none per argument).
     pub fn for_each_vector<'a>(&'a self, mut f: impl FnMut(&[Arg<'a>])) {
-        let mut scratch = Vec::with_capacity(8);
+        let mut scratch = ArgBuf::new();
         self.vectors(&mut scratch, &mut f);
     }
 
-    fn vectors<'a>(&'a self, scratch: &mut Vec<Arg<'a>>, f: &mut impl FnMut(&[Arg<'a>])) {
+    fn vectors<'a>(&'a self, scratch: &mut ArgBuf<'a>, f: &mut impl FnMut(&[Arg<'a>])) {
         scratch.clear();
         if self.args(scratch) {
-            f(scratch);
+            f(scratch.as_slice());
             return;
         }
         if let Command::Transaction(commands) = self {
@@ -238,9 +303,9 @@ impl Command {
     /// a script). `None` for [`Command::Transaction`], which is several:
     /// see [`Command::frames`].
     pub fn argv(&self) -> Option<Vec<String>> {
-        let mut v = Vec::new();
+        let mut v = ArgBuf::new();
         self.args(&mut v)
-            .then(|| v.iter().map(Arg::to_string_lossy).collect())
+            .then(|| v.as_slice().iter().map(Arg::to_string_lossy).collect())
     }
 
     /// The vectors to write, in order, for this command: one for a single
@@ -255,12 +320,12 @@ impl Command {
     /// For [`Command::Eval`], the `EVAL` vector carrying the script's text:
     /// what to send when `EVALSHA` was answered `NOSCRIPT`.
     pub fn eval_text_argv(&self) -> Option<Vec<String>> {
-        let mut v = Vec::new();
+        let mut v = ArgBuf::new();
         match self {
             Command::Eval { script, .. } if self.args(&mut v) => {
-                v[0] = Arg::Str("EVAL");
-                v[1] = Arg::Str(script.lua());
-                Some(v.iter().map(Arg::to_string_lossy).collect())
+                v.set(0, Arg::Str("EVAL"));
+                v.set(1, Arg::Str(script.lua()));
+                Some(v.as_slice().iter().map(Arg::to_string_lossy).collect())
             }
             _ => None,
         }
@@ -368,6 +433,33 @@ mod tests {
         ];
         for (arg, text) in cases {
             assert_eq!(arg.to_string_lossy(), text, "{arg:?}");
+        }
+    }
+
+    #[test]
+    fn long_vectors_spill_to_the_heap_intact() {
+        // Around the inline capacity: every argument, in order, whether the
+        // vector fits on the stack or not.
+        for n in [INLINE_ARGS - 3, INLINE_ARGS - 2, INLINE_ARGS + 5] {
+            let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            let command = Command::Del { keys: keys.clone() };
+            let mut expected = vec!["DEL".to_owned()];
+            expected.extend(keys.iter().cloned());
+            assert_eq!(command.argv(), Some(expected.clone()), "{n} keys");
+            let mut seen: Vec<Vec<String>> = Vec::new();
+            command.for_each_vector(|v| seen.push(v.iter().map(Arg::to_string_lossy).collect()));
+            assert_eq!(seen, vec![expected], "{n} keys");
+            let script = Command::Eval {
+                script: Script::CompareAndDelete,
+                keys: keys.clone(),
+                args: vec!["a".into(), "b".into()],
+            };
+            let text = script.eval_text_argv().expect("a script");
+            assert_eq!(text[0], "EVAL");
+            assert_eq!(text[1], Script::CompareAndDelete.lua());
+            assert_eq!(text[2], n.to_string());
+            assert_eq!(text.len(), 3 + n + 2);
+            assert_eq!(text[3 + n + 1], "b");
         }
     }
 

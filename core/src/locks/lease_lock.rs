@@ -86,6 +86,7 @@ pub(crate) enum Step {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SetPxRecipe {
     key: String,
+    /// Empty when the grant keeps no fence (no script reads it).
     fence_key: String,
     ttl_ms: u64,
     wait_replicas: Option<u32>,
@@ -109,7 +110,10 @@ pub(crate) fn lease_lock(
         EngineConfig::checked(config.validate_single(protocol), config, token.clone())?;
     let recipe = SetPxRecipe {
         key: config.key(),
-        fence_key: config.key_with("fence"),
+        fence_key: match grant.fence_script() {
+            Some(_) => config.key_with("fence"),
+            None => String::new(),
+        },
         ttl_ms: config.ttl_ms,
         wait_replicas: config.wait_replicas,
         notify_releases: config.notify_releases,
