@@ -9,6 +9,11 @@
 //! count is the difference of two totals, divided by the cycles in it
 //! (the same cycles every other section-1 figure is divided by).
 //!
+//! The per-thread slot index is a constant-initialised thread local
+//! without a destructor: on Linux (native TLS, where the bench runs: it
+//! reads `/proc`) reading it never allocates, so the allocator never
+//! re-enters itself.
+//!
 //! The one module of the workspace that allows `unsafe`: `GlobalAlloc` is
 //! an unsafe trait. Every call is forwarded unchanged to [`System`].
 

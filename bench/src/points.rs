@@ -70,8 +70,8 @@ pub(crate) async fn run(
     window: Duration,
     masters: &[RedisServer],
 ) -> Result<()> {
-    println!("| round | point | cycles/s | client CPU µs/cycle | server CPU µs/cycle | commands/cycle | allocations/cycle | cycles run |");
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("| round | point | cycles/s | client CPU µs/cycle | of which system | server CPU µs/cycle | commands/cycle | allocations/cycle | cycles run |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for round in 1..=rounds {
         for spec in specs {
             let servers = &masters[..spec.masters];
@@ -90,13 +90,16 @@ pub(crate) async fn run(
                 throughput::measure(&mut admins, Arc::new(contender), spec.tasks, warmup, window)
                     .await?;
             println!(
-                "| {round} | {}:{}:{} | {:.0} | {} | {:.1} | {:.2} | {:.1} | {} |",
+                "| {round} | {}:{}:{} | {:.0} | {} | {} | {:.1} | {:.2} | {:.1} | {} |",
                 spec.who,
                 spec.masters,
                 spec.tasks,
                 point.per_sec,
                 point
                     .client_cpu_us
+                    .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.1}")),
+                point
+                    .client_sys_us
                     .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.1}")),
                 point.server_cpu_us,
                 point.commands_per_cycle,

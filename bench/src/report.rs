@@ -470,13 +470,15 @@ impl Report {
              masters' `used_cpu_user` + `used_cpu_sys` deltas of `INFO cpu`, summed, per cycle. \
              Both are read in the same window as the cycle count and include whatever else ran in \
              it (the runtime's own work, the servers' cron), which is small beside the cycles. \
+             Its **system** part is `stime` alone: time the kernel spent on the process' behalf \
+             (system calls, the loopback network stack, scheduling). \
              **CPUs busy** is (client + server CPU time) ÷ wall time, i.e. cycles/s × CPU per \
              cycle; **machine busy** is the busy share of all CPUs over the window, whoever used \
              them (`/proc/stat`). **Allocations** are the heap allocation calls (`alloc`, \
              `alloc_zeroed`, `realloc`) the bench process made over the window per cycle, counted \
              by its global allocator in one counter per thread (so counting adds no traffic \
-             between the CPUs): unlike the CPU figures, this count does not depend on what else \
-             the machine did.\n",
+             between the CPUs): unlike the CPU figures, this count depends little on what else \
+             the machine did (retries, timeouts and buffer growth under load can still change it).\n",
             s.window.as_secs_f64(),
             s.warmup.as_secs_f64(),
             crate::util::clock_ticks()
@@ -512,17 +514,17 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "| contender | masters | tasks | cycles/s | commands/cycle | connections/cycle | client CPU µs/cycle | server CPU µs/cycle | client + server µs/cycle | CPUs busy (client + servers) | machine busy | allocations/cycle | by command |"
+            "| contender | masters | tasks | cycles/s | commands/cycle | connections/cycle | client CPU µs/cycle | of which system | server CPU µs/cycle | client + server µs/cycle | CPUs busy (client + servers) | machine busy | allocations/cycle | by command |"
         );
         let _ = writeln!(
             o,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         );
         for row in &self.rows {
             let p = &row.point;
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {:.1} | {} | {:.2} | {} | {:.1} | {} |",
+                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.1} | {} | {:.2} | {} | {:.1} | {} |",
                 row.who,
                 row.masters,
                 row.tasks,
@@ -530,6 +532,8 @@ impl Report {
                 p.commands_per_cycle,
                 p.connections_per_cycle,
                 p.client_cpu_us
+                    .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.1}")),
+                p.client_sys_us
                     .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.1}")),
                 p.server_cpu_us,
                 cpu_total(p).map_or_else(|| "n/a".to_owned(), |c| format!("{c:.1}")),
@@ -831,12 +835,26 @@ impl Report {
             a.client_cpu_us.unwrap_or(0.0) - raw.client_cpu_us.unwrap_or(0.0),
             a.server_cpu_us - raw.server_cpu_us,
         );
+        let dsys = match (a.client_sys_us, raw.client_sys_us) {
+            (Some(x), Some(y)) => Some(x - y),
+            _ => None,
+        };
         let _ = write!(
             line,
-            "Beside the raw loop the adapter spends {} µs {} client CPU and {} µs {} server CPU per \
-             cycle{}.",
+            "Beside the raw loop the adapter spends {} µs {} client CPU{} and {} µs {} server CPU \
+             per cycle{}.",
             format_args!("{:.1}", dc.abs()),
             if dc >= 0.0 { "more" } else { "less" },
+            match dsys {
+                Some(d) => format!(
+                    " ({:.1} µs {} of it system time, {:.1} µs {} user time)",
+                    d.abs(),
+                    if d >= 0.0 { "more" } else { "less" },
+                    (dc - d).abs(),
+                    if dc - d >= 0.0 { "more" } else { "less" }
+                ),
+                None => String::new(),
+            },
             format_args!("{:.1}", ds.abs()),
             if ds >= 0.0 { "more" } else { "less" },
             if dc > 0.0 && dc > 2.0 * ds.abs() {

@@ -208,6 +208,8 @@ pub(crate) struct Point {
     /// The bench process's CPU time (user + system) per cycle, in µs
     /// (`None` where `/proc/self/stat` cannot be read).
     pub(crate) client_cpu_us: Option<f64>,
+    /// The system (kernel) part of `client_cpu_us` (`stime`), µs per cycle.
+    pub(crate) client_sys_us: Option<f64>,
     /// Heap allocations (`alloc`, `alloc_zeroed` and `realloc` calls) the
     /// bench process made per cycle over the window, whichever thread made
     /// them (see the `allocs` module).
@@ -275,7 +277,7 @@ pub(crate) async fn measure(
         conns0 += connections_received(admin).await?;
         server0 += util::server_cpu(admin).await?;
     }
-    let client0 = util::process_cpu(ticks);
+    let client0 = util::process_cpu_split(ticks);
     let allocs0 = crate::allocs::total();
     let machine0 = util::machine_cpu();
     let (c0, a0, t0) = (
@@ -289,7 +291,7 @@ pub(crate) async fn measure(
         anomalies.load(Ordering::Relaxed),
         t0.elapsed(),
     );
-    let client1 = util::process_cpu(ticks);
+    let client1 = util::process_cpu_split(ticks);
     let allocs1 = crate::allocs::total();
     let machine1 = util::machine_cpu();
     let mut server1 = 0.0;
@@ -311,9 +313,15 @@ pub(crate) async fn measure(
     let cycles_run = cycles.load(Ordering::Relaxed);
     let done = c1 - c0;
     let per = done.max(1) as f64;
-    let client = match (client0, client1) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
-        _ => None,
+    let (client, client_sys) = match (client0, client1) {
+        (Some((u0, s0)), Some((u1, s1))) => {
+            let system = s1.saturating_sub(s0).as_secs_f64();
+            (
+                Some(u1.saturating_sub(u0).as_secs_f64() + system),
+                Some(system),
+            )
+        }
+        _ => (None, None),
     };
     let server = (server1 - server0).max(0.0);
     Ok(Point {
@@ -325,6 +333,7 @@ pub(crate) async fn measure(
         connections_per_cycle: conns1.saturating_sub(conns0) as f64 / done.max(1) as f64,
         commands,
         client_cpu_us: client.map(|c| c * 1e6 / per),
+        client_sys_us: client_sys.map(|c| c * 1e6 / per),
         allocs_per_cycle: allocs1.saturating_sub(allocs0) as f64 / per,
         server_cpu_us: server * 1e6 / per,
         cpus_busy: (client.unwrap_or(0.0) + server) / elapsed.as_secs_f64(),

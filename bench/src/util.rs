@@ -148,9 +148,10 @@ pub(crate) fn clock_ticks() -> u64 {
         .unwrap_or(100)
 }
 
-/// This process's CPU time so far (user + system, every thread; children
-/// not included), from `/proc/self/stat`; `None` where it cannot be read.
-pub(crate) fn process_cpu(ticks_per_sec: u64) -> Option<Duration> {
+/// This process's CPU time so far as (user time, system time), every
+/// thread, children not included, from `/proc/self/stat`; `None` where it
+/// cannot be read.
+pub(crate) fn process_cpu_split(ticks_per_sec: u64) -> Option<(Duration, Duration)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the parenthesised command name: state is field 3, utime
     // field 14 and stime field 15.
@@ -158,14 +159,16 @@ pub(crate) fn process_cpu(ticks_per_sec: u64) -> Option<Duration> {
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    let ticks = utime + stime;
     let tps = ticks_per_sec.max(1);
-    Some(Duration::from_secs(ticks / tps) + Duration::from_secs(ticks % tps) / tps as u32)
+    let of = |ticks: u64| {
+        Duration::from_secs(ticks / tps) + Duration::from_secs(ticks % tps) / tps as u32
+    };
+    Some((of(utime), of(stime)))
 }
 
 /// The CPU time of this process's threads so far, in nanoseconds: the
 /// first field of each `/proc/self/task/<tid>/schedstat`, summed (`None`
-/// where it cannot be read). Finer than [`process_cpu`]'s clock ticks; a
+/// where it cannot be read). Finer than [`process_cpu_split`]'s clock ticks; a
 /// thread that ends between two readings takes its time with it.
 pub(crate) fn threads_cpu_ns() -> Option<u64> {
     let mut total = 0u64;
@@ -263,6 +266,6 @@ mod tests {
     fn process_cpu_is_readable_here() {
         let ticks = clock_ticks();
         assert!(ticks > 0);
-        assert!(process_cpu(ticks).is_some());
+        assert!(process_cpu_split(ticks).is_some());
     }
 }

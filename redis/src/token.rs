@@ -18,8 +18,9 @@ fn token_of(bytes: &[u8; 16]) -> Token {
         pair[0] = HEX[usize::from(b >> 4)];
         pair[1] = HEX[usize::from(b & 0xf)];
     }
-    // Hex digits are ASCII, so the conversion cannot fail.
-    Token(std::str::from_utf8(&hex).unwrap_or_default().into())
+    // Hex digits are ASCII: the lossy conversion borrows them unchanged
+    // (it cannot fail, and cannot yield an empty token).
+    Token(std::sync::Arc::from(&*String::from_utf8_lossy(&hex)))
 }
 
 /// An owner token and a jitter seed from one read of the OS CSPRNG.

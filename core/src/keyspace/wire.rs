@@ -278,7 +278,8 @@ impl Command {
     /// Call `f` with each argument vector to write for this command, in
     /// order: the same vectors as [`Command::frames`], borrowed from the
     /// command (built on the stack: no allocation for a vector of up to 12
-    /// arguments, one beyond, none per argument).
+    /// arguments, a heap buffer growing as a vector's does beyond, none per
+    /// argument).
     pub fn for_each_vector<'a>(&'a self, mut f: impl FnMut(&[Arg<'a>])) {
         let mut scratch = ArgBuf::new();
         self.vectors(&mut scratch, &mut f);
@@ -439,8 +440,10 @@ mod tests {
     #[test]
     fn long_vectors_spill_to_the_heap_intact() {
         // Around the inline capacity: every argument, in order, whether the
-        // vector fits on the stack or not.
-        for n in [INLINE_ARGS - 3, INLINE_ARGS - 2, INLINE_ARGS + 5] {
+        // vector fits on the stack or not. `DEL` with n keys has n + 1
+        // arguments (3, exactly 12, the first spill at 13, and 26); the
+        // script call has n + 5 (7 inline, then 16, 17 and 30).
+        for n in [2, INLINE_ARGS - 1, INLINE_ARGS, 2 * INLINE_ARGS + 1] {
             let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
             let command = Command::Del { keys: keys.clone() };
             let mut expected = vec!["DEL".to_owned()];
@@ -461,6 +464,26 @@ mod tests {
             assert_eq!(text.len(), 3 + n + 2);
             assert_eq!(text[3 + n + 1], "b");
         }
+        // A transaction reuses one buffer: a short command after a spilled
+        // one is written from the stack again, whole and alone.
+        let long: Vec<String> = (0..2 * INLINE_ARGS).map(|i| format!("k{i}")).collect();
+        let transaction = Command::Transaction(vec![
+            Command::Del { keys: long.clone() },
+            Command::Get { key: "x".into() },
+        ]);
+        let mut seen: Vec<Vec<String>> = Vec::new();
+        transaction.for_each_vector(|v| seen.push(v.iter().map(Arg::to_string_lossy).collect()));
+        let mut del = vec!["DEL".to_owned()];
+        del.extend(long);
+        assert_eq!(
+            seen,
+            vec![
+                vec!["MULTI".to_owned()],
+                del,
+                vec!["GET".to_owned(), "x".to_owned()],
+                vec!["EXEC".to_owned()],
+            ]
+        );
     }
 
     #[test]
