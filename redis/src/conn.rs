@@ -606,6 +606,8 @@ pub(crate) struct Io {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Where `timer` is armed.
     armed: Option<tokio::time::Instant>,
+    /// `timer` has fired at `armed` (and has not been re-armed since).
+    fired: bool,
 }
 
 impl Io {
@@ -626,6 +628,7 @@ impl Io {
             next_link: 0,
             timer: None,
             armed: None,
+            fired: false,
         }
     }
 
@@ -722,7 +725,6 @@ impl Io {
             return Poll::Ready(self.finish(node, id, result, own));
         }
         loop {
-            let now = tokio::time::Instant::now();
             let earliest = self
                 .links
                 .iter()
@@ -732,8 +734,16 @@ impl Io {
             let Some((deadline, node)) = earliest else {
                 return Poll::Pending;
             };
-            if deadline <= now {
-                return Poll::Ready(self.expire(node));
+            // The clock is read only once the timer has fired (a timer armed
+            // at a deadline already past fires at its first poll), not on
+            // every poll: a RedLock round polls here once per reply.
+            if self.armed.is_some_and(|at| at <= deadline) && self.fired {
+                if deadline <= tokio::time::Instant::now() {
+                    return Poll::Ready(self.expire(node));
+                }
+                // Fired for a request that has finished since: re-arm.
+                self.armed = None;
+                self.fired = false;
             }
             if self.armed.is_none_or(|at| at > deadline) {
                 match &mut self.timer {
@@ -741,6 +751,7 @@ impl Io {
                     None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
                 }
                 self.armed = Some(deadline);
+                self.fired = false;
             }
             let Some(timer) = &mut self.timer else {
                 return Poll::Pending;
@@ -748,7 +759,7 @@ impl Io {
             match timer.as_mut().poll(cx) {
                 // Fired: at the earliest deadline, or at an earlier one whose
                 // request has since finished; look again.
-                Poll::Ready(()) => self.armed = None,
+                Poll::Ready(()) => self.fired = true,
                 Poll::Pending => return Poll::Pending,
             }
         }

@@ -531,8 +531,13 @@ impl Driver {
             .chain(resend_at)
             .min()
             .and_then(|t| self.instant_of(t));
+        // Re-armed only when the deadline moves: a reset re-registers the
+        // timer with the runtime (a RedLock round passes here once per
+        // reply, with the same deadline). A timer that fired and is asked
+        // for the same deadline fires again at once, as a reset would.
         if let Some(at) = deadline {
             match &mut self.sleep {
+                Some(sleep) if sleep.deadline() == at => {}
                 Some(sleep) => sleep.as_mut().reset(at),
                 None => self.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
             }
