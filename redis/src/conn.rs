@@ -606,7 +606,8 @@ pub(crate) struct Io {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Where `timer` is armed.
     armed: Option<tokio::time::Instant>,
-    /// `timer` has fired at `armed` (and has not been re-armed since).
+    /// `timer` was seen to fire at `armed` and has not been re-armed since
+    /// (`false` does not mean it has not fired: only that no poll saw it).
     fired: bool,
 }
 
@@ -735,8 +736,10 @@ impl Io {
                 return Poll::Pending;
             };
             // The clock is read only once the timer has fired (a timer armed
-            // at a deadline already past fires at its first poll), not on
-            // every poll: a RedLock round polls here once per reply.
+            // at a deadline already past fires at the timer driver's next
+            // turn), not on every poll: a RedLock round polls here once per
+            // reply. An overdue request therefore expires when its timer is
+            // seen to fire, at most one timer turn after its deadline.
             if self.armed.is_some_and(|at| at <= deadline) && self.fired {
                 if deadline <= tokio::time::Instant::now() {
                     return Poll::Ready(self.expire(node));

@@ -531,10 +531,12 @@ impl Driver {
             .chain(resend_at)
             .min()
             .and_then(|t| self.instant_of(t));
-        // Re-armed only when the deadline moves: a reset re-registers the
-        // timer with the runtime (a RedLock round passes here once per
-        // reply, with the same deadline). A timer that fired and is asked
-        // for the same deadline fires again at once, as a reset would.
+        // Re-armed only when the deadline moves (a RedLock round passes here
+        // once per reply, with the same deadline). Little is saved: tokio
+        // moves a pending timer to the same or a later tick with one atomic
+        // swap; only a timer that has fired is registered anew. A timer that
+        // fired and is asked for the same deadline fires again at once, as
+        // after a reset.
         if let Some(at) = deadline {
             match &mut self.sleep {
                 Some(sleep) if sleep.deadline() == at => {}
