@@ -444,7 +444,7 @@ impl Shared {
                 ..self.config.clone()
             };
             let token_release = self.token_release.as_ref().map(|how| HoldRelease {
-                how: std::sync::Arc::clone(how),
+                how: Arc::clone(how),
                 token: token.clone(),
             });
             let machine = if self.protocol == ProtocolId::Redlock && !self.fresh_tokens {
@@ -531,12 +531,9 @@ impl Shared {
     /// where nothing on the server names the owner (`setnx-getset` stores a
     /// timestamp) or the release is a multi-step recipe (the ZSET and WATCH
     /// semaphores).
-    fn token_release(
-        protocol: ProtocolId,
-        config: &Config,
-    ) -> Option<std::sync::Arc<TokenRelease>> {
+    fn token_release(protocol: ProtocolId, config: &Config) -> Option<Arc<TokenRelease>> {
         let with = |script, keys, args_before, repeat_while_zero, after_unknown_attempt| {
-            Some(std::sync::Arc::new(TokenRelease {
+            Some(Arc::new(TokenRelease {
                 script,
                 keys,
                 args_before,
@@ -894,7 +891,7 @@ pub struct LockGuard {
     holds: u32,
     holder: Holder,
     /// The driver's loss signal (see `driver::Inline::lost`).
-    lost: std::sync::Arc<Notify>,
+    lost: Arc<Notify>,
     lease: Lease,
     cell: LeaseCell,
     span: tracing::Span,
@@ -961,7 +958,7 @@ impl LockGuard {
     /// resolves after a release. Use it in a `select!` beside the critical
     /// section.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let lost = std::sync::Arc::clone(&self.lost);
+        let lost = Arc::clone(&self.lost);
         let cell = self.cell.clone();
         async move {
             loop {

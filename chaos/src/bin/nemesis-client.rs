@@ -58,6 +58,13 @@ struct Args {
     /// Seed of this client's choices.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// A file whose appearance starts the run: the client connects, then
+    /// waits (up to a minute) until the file exists before its first
+    /// acquire and before it starts counting `--duration-ms`, so that
+    /// clients started one after another run over the same interval. A
+    /// file, not a start time, because a client's clock may be skewed.
+    #[arg(long)]
+    start_file: Option<PathBuf>,
     /// Sentinel URLs, comma-separated: when given, the master is the one
     /// they name for the group `nemesis` (the first `--nodes` URL is only
     /// the template of the master's connection settings).
@@ -73,6 +80,8 @@ enum ClientError {
     Protocol(String),
     #[error("usage: {0}")]
     Usage(&'static str),
+    #[error("the start file {0} did not appear within a minute")]
+    NoStart(PathBuf),
     #[error("adapter: {0}")]
     Adapter(#[from] Error),
     #[error("redis: {0}")]
@@ -363,6 +372,15 @@ async fn run(args: Args) -> Result<(), ClientError> {
         ttl,
         args,
     };
+    if let Some(start) = &client.args.start_file {
+        let waited = Instant::now();
+        while !start.exists() {
+            if waited.elapsed() > Duration::from_secs(60) {
+                return Err(ClientError::NoStart(start.clone()));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
     // The clock file: a probe at the start and one at the end, from which
     // the nemesis reads each client's skew and rate.
     let origin = Instant::now();

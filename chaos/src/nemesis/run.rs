@@ -666,6 +666,13 @@ fn drop_rule(src: &str, dst: &str, prefix: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// Whether client container `name` has stopped running (it ended its
+/// run, or failed): a fault aimed at it then has nothing to strike.
+async fn client_gone(name: &str) -> Result<bool, ChaosError> {
+    let running = docker(&["inspect", "--format", "{{.State.Running}}", name]).await?;
+    Ok(running != "true")
+}
+
 /// Progress is violated by a healthy stretch of this many TTLs without a
 /// successful acquire while a client waits (a correct hold lasts under two).
 pub const PROGRESS_PATIENCE_TTLS: u64 = 4;
@@ -1494,6 +1501,8 @@ async fn run_in(
             &seed,
             "--sentinels",
             &sentinels_arg,
+            "--start-file",
+            "/out/start",
         ]);
         topology.run_container(&name, &ip, &args).await?;
         client_names.push(name);
@@ -1501,6 +1510,10 @@ async fn run_in(
     }
 
     // --- the nemesis ---------------------------------------------------------
+    // The clients, started one after another, wait for this file: they all
+    // run from here for `config.duration`, so that none has ended before
+    // the last fault (`client_gone` covers one that exits early anyway).
+    std::fs::write(topology.out_dir.join("start"), b"")?;
     let mut rng = Rng::new(config.seed);
     let ttl = config.ttl_ms;
     let started = Instant::now();
@@ -1686,7 +1699,14 @@ async fn run_in(
                 let target = entered
                     .map(|c| c as usize)
                     .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
-                docker(&["kill", "--signal", "KILL", &client_names[target]]).await?;
+                if let Err(e) = docker(&["kill", "--signal", "KILL", &client_names[target]]).await {
+                    if !client_gone(&client_names[target]).await? {
+                        return Err(e);
+                    }
+                    // It had already ended: strike another client.
+                    next_fault = Instant::now();
+                    continue;
+                }
                 crashed = Some((target, now_us()));
                 faults.push(format!(
                     "kill -9 client {target}{}",
@@ -1723,7 +1743,16 @@ async fn run_in(
                 .unwrap_or_else(|| rng.range(0, config.clients as u64 - 1) as usize);
                 let hold = rng.range(ttl * 6 / 5, ttl * 2);
                 let from_us = now_us();
-                docker(&["pause", &client_names[target]]).await?;
+                if let Err(e) = docker(&["pause", &client_names[target]]).await {
+                    if !client_gone(&client_names[target]).await? {
+                        return Err(e);
+                    }
+                    // It had already ended (its exit code is judged with
+                    // the others'): nothing paused, nothing recorded.
+                    next_fault =
+                        Instant::now() + Duration::from_millis(rng.range(ttl / 10, ttl / 2));
+                    continue;
+                }
                 tokio::time::sleep(Duration::from_millis(hold)).await;
                 docker(&["unpause", &client_names[target]]).await?;
                 pauses.push(Paused {
