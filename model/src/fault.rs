@@ -267,7 +267,15 @@ pub enum PropertyId {
     /// accepted. With fencing it refuses an older fence; without fencing it
     /// accepts every write, so such a stale write is a violation.
     FencedResource,
-    /// No release or extend removes or extends another owner's hold.
+    /// No command a client sends (acquire, undo, release, extend, renewal;
+    /// judged when it runs, also after its client has moved on) removes or
+    /// changes another owner's hold, or sets an expiry on it (even one that
+    /// leaves the deadline where it was). Exempt are evictions by the
+    /// protocol's own expiry rule (the ZSET semaphores' purge) and the
+    /// commands a recipe sends to another's key right after the read its
+    /// rule acts on (`setnx-getset`'s `GETSET` takeover after a `GET`,
+    /// `setnx-expire`'s repair of a key whose `TTL` read -1 and that has
+    /// still none): where they act on a live hold, mutual exclusion breaks.
     OwnerOnly,
     /// A running waiting client does not wait longer than `2·ttl + 2·longest
     /// retry delay (with jitter)` while no live client is inside and every

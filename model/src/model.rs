@@ -60,7 +60,7 @@
 //! before and after each command of a client that is past its acquire.
 
 use crate::fault::{Family, Fault, PropertyId, CLOCK_STEP_BACK};
-use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, Value};
+use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, SetCondition, Value};
 use lockwright_core::locks::redlock::Redlock;
 use lockwright_core::semaphores::lease_semaphore::LeaseSemaphore;
 use lockwright_core::semaphores::watch_semaphore::WatchSemaphore;
@@ -504,6 +504,33 @@ pub struct ClientState {
     /// Ghost, within one step: the client's own command took its hold off a
     /// node while it was acquiring.
     pub gave_back: bool,
+    /// Ghost: what the client's last command on its current connection to
+    /// a node read, when the protocol's rule lets the next command act on
+    /// another's key ([`LockModel::by_rule`]).
+    pub probe: Option<Probe>,
+}
+
+/// A read a protocol acts on by its own rule, on node `node` (ghost, see
+/// [`LockModel::by_rule`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Probe {
+    /// The node.
+    pub node: u8,
+    /// The key read.
+    pub key: String,
+    /// What the read found.
+    pub found: Found,
+}
+
+/// What a [`Probe`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Found {
+    /// `TTL` or `PTTL` -1: a key without expiry, which `setnx-expire`'s
+    /// waiter repairs with an `EXPIRE`.
+    NoTtl,
+    /// `GET` read a value, which `setnx-getset`'s waiter takes over with
+    /// `GETSET` when the stamp has expired by its clock.
+    Value,
 }
 
 impl ClientState {
@@ -884,7 +911,8 @@ pub struct State {
     pub late_retries_left: u8,
     /// Grants so far, counted where the servers grant (ghost).
     pub grants: u32,
-    /// A release or extend touched another owner's hold (ghost, sticky).
+    /// A command other than an eviction ([`LockModel::evicts`]) removed or
+    /// changed another owner's hold (ghost, sticky).
     pub owner_violation: bool,
     /// Last true time a live client was inside or a node was cut off from
     /// every client or down: a waiter's patience runs from here.
@@ -1133,6 +1161,7 @@ impl LockModel {
                     grant: 0,
                     at_server: false,
                     gave_back: false,
+                    probe: None,
                 }
             })
             .collect();
@@ -1543,14 +1572,25 @@ impl LockModel {
     /// release or extend touched another owner's hold.
     fn execute(&self, state: &mut State, c: u8, n: u8, command: &Command, conn: ConnId) -> Reply {
         let t = state.time;
+        let probe = state.clients[usize::from(c)].probe.take();
         let node = &mut state.nodes[usize::from(n)];
         if self.cfg.protocol.uses_watch() && conn == ConnId(u32::from(c)) {
             node.connected |= 1u8 << c;
         }
         let now = node.now(t);
-        let held_before = self.owners(node, now) & (1u8 << c) != 0;
-        let releasing = !matches!(state.clients[usize::from(c)].phase, Phase::Acquiring);
-        let before = releasing.then(|| self.holds(node, now));
+        let owners_before = self.owners(node, now);
+        let held_before = owners_before & (1u8 << c) != 0;
+        // Owner-only is judged on every command a client sends, in every
+        // phase and whatever phase its client is in when it runs (a release
+        // or undo may run late, after its client moved on), except the
+        // commands that evict holds by the protocol's own expiry rule or
+        // act on another's key by its rule; only a node holding another
+        // owner's hold can be touched.
+        let own_probe = probe.as_ref().filter(|p| p.node == n);
+        let before = (owners_before & !(1u8 << c) != 0
+            && Self::may_touch(command)
+            && !Self::by_rule(own_probe, &node.keyspace, now, command))
+        .then(|| self.holds(node, now));
         let reply = match command {
             Command::Wait { replicas, .. } => {
                 let synced = node
@@ -1568,11 +1608,21 @@ impl LockModel {
                 .iter()
                 .filter(|h| h.2 != c)
                 .any(|h| !after.contains(h));
-            if touched {
+            // An expiry set on another's key acts on its hold even when the
+            // deadline comes out the same: the command is judged, not the
+            // instant it ran at. (Two `EXPIRE`s at one instant leave the same
+            // deadline, and prompt delivery runs a request at the instant
+            // the last thing changed, so judging by the deadline alone would
+            // miss, under the reduction, what a later instant shows.)
+            let mut expired_for_another = false;
+            Self::each_expiry_set(command, &reply, &mut |key| {
+                expired_for_another |= before.iter().any(|h| h.0 == key && h.2 != c);
+            });
+            if touched || expired_for_another {
                 state.owner_violation = true;
             }
         }
-        let acquiring = !releasing;
+        let acquiring = matches!(state.clients[usize::from(c)].phase, Phase::Acquiring);
         if acquiring && held_before && self.owners(node, now) & (1u8 << c) == 0 {
             // An acquiring client took its own hold off (a failed round's
             // release, an undo): a grant it believes in later is a new one
@@ -1580,7 +1630,112 @@ impl LockModel {
             state.clients[usize::from(c)].gave_back = true;
         }
         node.keyspace.purge_expired(now);
+        let found = match (command, &reply) {
+            (Command::Ttl { key } | Command::PTtl { key }, Reply::Int(-1)) => {
+                Some((key, Found::NoTtl))
+            }
+            (Command::Get { key }, Reply::Bulk(_)) => Some((key, Found::Value)),
+            _ => None,
+        };
+        // A probe lasts until the client's next command to that node runs
+        // on its current connection. A request of a retired connection (an
+        // orphan, whose reply the client never reads) neither makes one nor
+        // ends one; it may still be the command that acts on it.
+        state.clients[usize::from(c)].probe = match found {
+            Some((key, found)) if conn == ConnId(u32::from(c)) => Some(Probe {
+                node: n,
+                key: key.clone(),
+                found,
+            }),
+            _ if conn == ConnId(u32::from(c)) => probe.filter(|p| p.node != n),
+            _ => probe,
+        };
         reply
+    }
+
+    /// Calls `key` for each key `command` set an expiry on (`EXPIRE` or
+    /// `PEXPIRE` answered 1, also inside a transaction).
+    fn each_expiry_set(command: &Command, reply: &Reply, key: &mut impl FnMut(&str)) {
+        match (command, reply) {
+            (Command::Expire { key: k, .. } | Command::PExpire { key: k, .. }, Reply::Int(1)) => {
+                key(k)
+            }
+            (Command::Transaction(cmds), Reply::Array(replies)) => {
+                for (cmd, r) in cmds.iter().zip(replies) {
+                    Self::each_expiry_set(cmd, r, key);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `command` evicts holds that the protocol's own rule says have timed
+    /// out, whoever owns them: the book's ZSET semaphores drop members older
+    /// than the TTL by the acquirer's clock (`ZREMRANGEBYSCORE`, then
+    /// `ZINTERSTORE` of the fair ones' owner set). Such an eviction is the
+    /// protocol's design, not a client acting on a hold it takes for its
+    /// own; when it evicts a live hold (a skewed clock), mutual exclusion
+    /// is what breaks, and that property judges it.
+    fn evicts(command: &Command) -> bool {
+        match command {
+            Command::ZRemRangeByScore { .. } | Command::ZInterStore { .. } => true,
+            Command::Transaction(cmds) => cmds.iter().any(Self::evicts),
+            _ => false,
+        }
+    }
+
+    /// `command` acts on another's key by its protocol's rule, right after
+    /// the read the rule acts on (`probe`: the client's last command to this
+    /// node on its current connection):
+    /// - `setnx-expire`'s repair: a waiter whose `TTL` found the key
+    ///   without expiry gives it one with `EXPIRE`, and the key has still
+    ///   none now. A repair that runs when the key has an expiry again
+    ///   (the holder's own `EXPIRE` ran in between) resets another
+    ///   holder's TTL: that one is judged.
+    /// - `setnx-getset`'s takeover: a waiter that read a stamp with `GET`
+    ///   takes the key over with `GETSET` (its owner changes only when the
+    ///   stamp had expired by the waiter's clock, see `record_writers`; a
+    ///   losing one leaves the owner as it was). A `GETSET` with no `GET`
+    ///   before it, the recipe's extend, is judged.
+    fn by_rule(probe: Option<&Probe>, keyspace: &Keyspace, now: Millis, command: &Command) -> bool {
+        let Some(probe) = probe else {
+            return false;
+        };
+        match (command, probe.found) {
+            (Command::Expire { key, .. } | Command::PExpire { key, .. }, Found::NoTtl) => {
+                *key == probe.key
+                    && keyspace
+                        .get_live(key, now)
+                        .is_some_and(|entry| entry.expires_at.is_none())
+            }
+            (Command::GetSet { key, .. }, Found::Value) => *key == probe.key,
+            _ => false,
+        }
+    }
+
+    /// `command` is judged by owner-only: it is no eviction
+    /// ([`LockModel::evicts`]) and it can remove or change a hold it does
+    /// not name by its client's token. Reads, `SET NX`, `SETNX`, and adding
+    /// the client's own member or field cannot; the others (a plain or `XX`
+    /// `SET`, `GETSET`, `DEL`, `EXPIRE`, removals by member or field,
+    /// scripts, transactions holding one of these) are compared before and
+    /// after.
+    fn may_touch(command: &Command) -> bool {
+        match command {
+            Command::Set { condition, .. } => *condition != SetCondition::Nx,
+            Command::GetSet { .. }
+            | Command::Del { .. }
+            | Command::Expire { .. }
+            | Command::PExpire { .. }
+            | Command::HDel { .. }
+            | Command::SRem { .. }
+            | Command::ZRem { .. }
+            | Command::Eval { .. } => true,
+            Command::Transaction(cmds) => {
+                !Self::evicts(command) && cmds.iter().any(Self::may_touch)
+            }
+            _ => false,
+        }
     }
 
     /// The node runs the first request on the client's current connection.
@@ -2591,6 +2746,210 @@ mod tests {
         next[0].push('!');
         next[0].pop();
         assert_eq!(h.hash_one(&next), h.hash_one(&empty));
+    }
+
+    /// A model of `protocol` and its initial state, where every client is
+    /// acquiring, with `run` executing one client's command on node 0.
+    fn judged(protocol: ProtocolId) -> (LockModel, State) {
+        let model = LockModel::new(
+            ModelConfig::new(protocol, Fault::None),
+            vec![PropertyId::OwnerOnly],
+        )
+        .unwrap();
+        let state = model.initial();
+        (model, state)
+    }
+
+    fn run(model: &LockModel, state: &mut State, c: u8, command: Command) -> Reply {
+        model.execute(state, c, 0, &command, ConnId(u32::from(c)))
+    }
+
+    fn key() -> String {
+        "{r}".to_owned()
+    }
+
+    /// `SET {r} value NX PX 10000`.
+    fn set_nx_px(value: &str) -> Command {
+        Command::Set {
+            key: key(),
+            value: value.into(),
+            condition: SetCondition::Nx,
+            expiry: lockwright_core::keyspace::SetExpiry::Px(10_000),
+            get: false,
+        }
+    }
+
+    #[test]
+    fn an_acquiring_clients_delete_of_anothers_key_breaks_owner_only() {
+        // The undo of an acquire (or a release that runs late, after its
+        // client began acquiring again) runs while its client is acquiring:
+        // owner-only is judged there too, not only while it releases.
+        let (model, mut state) = judged(ProtocolId::SetPxGetDel);
+        let set = set_nx_px("c1");
+        assert!(run(&model, &mut state, 1, set).is_ok());
+        assert!(matches!(state.clients[0].phase, Phase::Acquiring));
+        run(&model, &mut state, 0, Command::Get { key: key() });
+        assert!(!state.owner_violation, "a read touches nothing");
+        run(&model, &mut state, 0, Command::Del { keys: vec![key()] });
+        assert!(state.owner_violation);
+    }
+
+    #[test]
+    fn a_repair_of_a_key_without_ttl_is_exempt_and_a_late_one_is_not() {
+        let (model, state) = judged(ProtocolId::SetnxExpire);
+        let mut state = state;
+        let setnx = |c: u8| Command::SetNx {
+            key: key(),
+            value: format!("c{c}"),
+        };
+        let expire = Command::Expire {
+            key: key(),
+            seconds: 10,
+        };
+        assert_eq!(run(&model, &mut state, 0, setnx(0)), Reply::Int(1));
+        assert_eq!(run(&model, &mut state, 1, setnx(1)), Reply::Int(0));
+        // The waiter finds no TTL and gives the key one: the recipe's repair.
+        let mut repaired = state.clone();
+        assert_eq!(
+            run(&model, &mut repaired, 1, Command::Ttl { key: key() }),
+            Reply::Int(-1)
+        );
+        run(&model, &mut repaired, 1, expire.clone());
+        assert!(!repaired.owner_violation, "the repair is the recipe's rule");
+        // The same EXPIRE without the probe before it acts on the holder's
+        // key as if it were the sender's own (a late EXPIRE of a grant
+        // that was superseded).
+        let mut trespass = state.clone();
+        run(&model, &mut trespass, 1, expire.clone());
+        assert!(trespass.owner_violation);
+        // A repair that runs after the holder set its own TTL resets it.
+        let mut late = state;
+        assert_eq!(
+            run(&model, &mut late, 1, Command::Ttl { key: key() }),
+            Reply::Int(-1)
+        );
+        run(&model, &mut late, 0, expire.clone());
+        assert!(!late.owner_violation, "the holder's own EXPIRE");
+        // At the same instant the reset leaves the deadline as it was, and
+        // still acts on the holder's key.
+        let mut at_once = late.clone();
+        run(&model, &mut at_once, 1, expire.clone());
+        assert!(at_once.owner_violation);
+        late.time += 1_000;
+        run(&model, &mut late, 1, expire);
+        assert!(late.owner_violation);
+    }
+
+    #[test]
+    fn a_takeover_after_a_read_is_exempt_and_an_extends_getset_is_not() {
+        let (model, mut state) = judged(ProtocolId::SetnxGetset);
+        let getset = Command::GetSet {
+            key: key(),
+            value: "20000".into(),
+        };
+        // c1 holds, its stamp long past by c0's reckoning.
+        run(
+            &model,
+            &mut state,
+            1,
+            Command::SetNx {
+                key: key(),
+                value: "5".into(),
+            },
+        );
+        let mut takeover = state.clone();
+        run(&model, &mut takeover, 0, Command::Get { key: key() });
+        run(&model, &mut takeover, 0, getset.clone());
+        assert!(!takeover.owner_violation, "the recipe's takeover");
+        // The same GETSET with no GET before it (the recipe's extend, run by
+        // a client that no longer holds) takes another's key over.
+        let mut extend = state;
+        run(&model, &mut extend, 0, getset);
+        assert!(extend.owner_violation);
+    }
+
+    #[test]
+    fn a_probe_belongs_to_its_connection() {
+        let (model, mut state) = judged(ProtocolId::SetnxExpire);
+        run(
+            &model,
+            &mut state,
+            0,
+            Command::SetNx {
+                key: key(),
+                value: "c0".into(),
+            },
+        );
+        assert_eq!(
+            run(&model, &mut state, 1, Command::Ttl { key: key() }),
+            Reply::Int(-1)
+        );
+        // A request of c1's retired connection runs in between: the repair
+        // on the current connection is still the repair.
+        let orphan = orphan_conn(1, 0);
+        model.execute(&mut state, 1, 0, &Command::Get { key: key() }, orphan);
+        let expire = Command::Expire {
+            key: key(),
+            seconds: 10,
+        };
+        let mut repaired = state.clone();
+        run(&model, &mut repaired, 1, expire.clone());
+        assert!(!repaired.owner_violation);
+        // Once another command of c1's ran on its current connection, the
+        // read is no longer the one the EXPIRE acts on.
+        run(&model, &mut state, 1, Command::Get { key: key() });
+        run(&model, &mut state, 1, expire);
+        assert!(state.owner_violation);
+    }
+
+    #[test]
+    fn an_expiry_set_inside_a_transaction_on_anothers_key_is_judged() {
+        let (model, mut state) = judged(ProtocolId::SetPxWatch);
+        let set = set_nx_px("c1");
+        run(&model, &mut state, 1, set);
+        let extend = Command::Transaction(vec![Command::PExpire {
+            key: key(),
+            millis: 10_000,
+        }]);
+        run(&model, &mut state, 0, extend);
+        assert!(state.owner_violation);
+    }
+
+    #[test]
+    fn an_eviction_by_the_protocols_expiry_rule_is_exempt() {
+        let (model, mut state) = judged(ProtocolId::ZsetSemaphore);
+        let add = Command::ZAdd {
+            key: key(),
+            members: vec![(0, "c1".into())],
+        };
+        run(&model, &mut state, 1, add);
+        let purge = Command::ZRemRangeByScore {
+            key: key(),
+            min: lockwright_core::keyspace::ScoreBound::NegInf,
+            max: lockwright_core::keyspace::ScoreBound::Inclusive(i64::MAX),
+        };
+        assert_eq!(run(&model, &mut state, 0, purge), Reply::Int(1));
+        assert!(!state.owner_violation);
+        let mut by_member = state.clone();
+        run(
+            &model,
+            &mut by_member,
+            1,
+            Command::ZAdd {
+                key: key(),
+                members: vec![(0, "c1".into())],
+            },
+        );
+        run(
+            &model,
+            &mut by_member,
+            0,
+            Command::ZRem {
+                key: key(),
+                members: vec!["c1".into()],
+            },
+        );
+        assert!(by_member.owner_violation, "a removal by member is judged");
     }
 
     #[test]

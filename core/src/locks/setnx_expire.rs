@@ -41,6 +41,13 @@
 //! until a waiter repairs it. Like every lease it fails mutual exclusion
 //! when the holder pauses past its TTL.
 //!
+//! The repair races its holder: a waiter's `TTL` can read -1 between the
+//! holder's `SETNX` and its `EXPIRE`, and the waiter's `EXPIRE` then runs
+//! on a key whose holder has set its own TTL, resetting it. That breaks
+//! owner-only with no fault at all (the key lives a little longer than
+//! its holder believes, which costs waiters time, not safety); a
+//! conditional repair (`EXPIRE key seconds NX`, Redis 7) would not.
+//!
 //! # State machine
 //!
 //! The client's view, summarised from the machine (the protocol pages of
