@@ -58,9 +58,9 @@ struct Args {
     /// Seed of this client's choices.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// A file whose appearance starts the run: the client connects, then
-    /// waits (up to a minute) until the file exists before its first
-    /// acquire and before it starts counting `--duration-ms`, so that
+    /// A file whose appearance starts the run: the client waits (up to a
+    /// minute) until the file exists before its first acquire and before
+    /// it starts counting `--duration-ms`, so that
     /// clients started one after another run over the same interval. A
     /// file, not a start time, because a client's clock may be skewed.
     #[arg(long)]

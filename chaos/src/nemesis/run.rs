@@ -1463,6 +1463,13 @@ async fn run_in(
             ahead_ms % 1000
         ),
     ];
+    // A start file left by an earlier run in the same directory would let
+    // the clients start at once.
+    let start_file = topology.out_dir.join("start");
+    match std::fs::remove_file(&start_file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
     for index in 0..config.clients {
         let name = format!("{}-client-{index}", topology.prefix);
         let ip = topology.ip(100 + index as u8);
@@ -1513,7 +1520,7 @@ async fn run_in(
     // The clients, started one after another, wait for this file: they all
     // run from here for `config.duration`, so that none has ended before
     // the last fault (`client_gone` covers one that exits early anyway).
-    std::fs::write(topology.out_dir.join("start"), b"")?;
+    std::fs::write(&start_file, b"")?;
     let mut rng = Rng::new(config.seed);
     let ttl = config.ttl_ms;
     let started = Instant::now();
@@ -1703,7 +1710,7 @@ async fn run_in(
                     if !client_gone(&client_names[target]).await? {
                         return Err(e);
                     }
-                    // It had already ended: strike another client.
+                    // It had already ended: draw a target again.
                     next_fault = Instant::now();
                     continue;
                 }
