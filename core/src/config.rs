@@ -2,6 +2,7 @@
 
 use crate::catalogue::ProtocolId;
 use crate::engine::Backoff;
+use std::sync::Arc;
 
 /// The largest TTL accepted, in ms: 2^53 − 1. Redis accepts `PX` up to
 /// `i64::MAX − now`, and Lua turns `ARGV` numbers into doubles, which are
@@ -93,7 +94,9 @@ pub enum ConfigError {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Config {
     /// The resource name; every key of one lock shares the hash tag `{name}`.
-    pub name: String,
+    /// Shared, so that a copy of the configuration (one per acquire, for
+    /// its seed) costs no allocation.
+    pub name: Arc<str>,
     /// Lease time to live, ms.
     pub ttl_ms: u64,
     /// Number of Redis nodes (RedLock masters); 1 for the others.
@@ -131,7 +134,7 @@ pub struct Config {
 impl Config {
     /// Defaults for `name`: 10 s TTL, one node, limit 1, RedLock's drift,
     /// 10–200 ms retries with 50 % jitter, automatic renewal on.
-    pub fn new(name: impl Into<String>) -> Config {
+    pub fn new(name: impl Into<Arc<str>>) -> Config {
         Config {
             name: name.into(),
             ttl_ms: 10_000,
@@ -171,7 +174,7 @@ impl Config {
             return Err(ConfigError::EmptyName);
         }
         if self.name.contains(['{', '}']) {
-            return Err(ConfigError::BraceInName(self.name.clone()));
+            return Err(ConfigError::BraceInName(self.name.to_string()));
         }
         if self.ttl_ms == 0 {
             return Err(ConfigError::ZeroTtl);
@@ -266,7 +269,7 @@ mod tests {
         let ok = Config::new("orders");
         assert_eq!(ok.validate(), Ok(()));
         let mut c = ok.clone();
-        c.name.clear();
+        c.name = "".into();
         assert_eq!(c.validate(), Err(ConfigError::EmptyName));
         let mut c = ok.clone();
         c.ttl_ms = 0;

@@ -195,7 +195,7 @@ impl StampedeGuard {
             return Err(StampedeError::EmptyKey);
         }
         let config = Config {
-            name: self.lock_name(key),
+            name: self.lock_name(key).into(),
             ..self.lock_config.clone()
         };
         let lock = Machine::new(self.lock_config.guard_lock, &config, self.token.clone())?;

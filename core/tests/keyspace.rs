@@ -33,7 +33,7 @@ fn wrongtype() -> Reply {
 }
 
 fn status(x: &str) -> Reply {
-    Reply::Status(s(x))
+    Reply::Status(s(x).into())
 }
 
 fn set(key: &str, value: &str) -> Command {

@@ -470,7 +470,7 @@ fn bad_configs_are_typed_errors_for_every_semaphore() {
             "{id}"
         );
         let mut c = ok.clone();
-        c.name.clear();
+        c.name = "".into();
         assert_eq!(
             Machine::new(id, &c, Token("t".into())).err(),
             Some(ConfigError::EmptyName),

@@ -241,7 +241,7 @@ impl Shared {
             let keys = KeyMap::new(placeholder.key(), name);
             (placeholder.name, Some(Arc::new(keys)))
         } else {
-            (name, None)
+            (name.into(), None)
         };
         let config = Config {
             ttl_ms: millis(options.ttl),
@@ -303,7 +303,7 @@ impl Shared {
     fn name(&self) -> String {
         match &self.settings.keys {
             Some(_) => self.redis_key(&self.config.key()),
-            None => self.config.name.clone(),
+            None => self.config.name.to_string(),
         }
     }
 

@@ -62,7 +62,7 @@ pub fn to_reply(value: Value) -> Reply {
         Value::Array(items) | Value::Set(items) => {
             Reply::Array(items.into_iter().map(to_reply).collect())
         }
-        Value::SimpleString(s) => Reply::Status(s),
+        Value::SimpleString(s) => Reply::Status(s.into()),
         Value::Okay => Reply::ok(),
         Value::Map(pairs) => Reply::Array(
             pairs

@@ -9,6 +9,7 @@
 //! millisecond timestamps, and integers keep the states hashable.
 
 use super::script::Script;
+use std::borrow::Cow;
 
 /// The condition of a `SET`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -277,8 +278,9 @@ pub enum Command {
 pub enum Reply {
     /// The nil bulk string or nil array.
     Nil,
-    /// A status reply such as `OK` or `QUEUED`.
-    Status(String),
+    /// A status reply such as `OK` or `QUEUED` (borrowed for the ones the
+    /// core writes itself, so that an `OK` costs no allocation).
+    Status(Cow<'static, str>),
     /// An integer reply.
     Int(i64),
     /// A bulk string.
@@ -292,7 +294,7 @@ pub enum Reply {
 impl Reply {
     /// The `OK` status.
     pub fn ok() -> Reply {
-        Reply::Status("OK".to_owned())
+        Reply::Status(Cow::Borrowed("OK"))
     }
 
     /// Is this the `OK` status?
@@ -311,7 +313,8 @@ impl Reply {
     /// The string, if this is a bulk or status reply.
     pub fn as_str(&self) -> Option<&str> {
         match self {
-            Reply::Bulk(s) | Reply::Status(s) => Some(s),
+            Reply::Bulk(s) => Some(s),
+            Reply::Status(s) => Some(s),
             _ => None,
         }
     }

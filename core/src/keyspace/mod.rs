@@ -40,6 +40,7 @@ pub use script::Script;
 pub use wire::Arg;
 
 use crate::time::Millis;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
@@ -295,7 +296,7 @@ impl Keyspace {
                 if let Some(queue) = self.queue_mut(conn) {
                     queue.commands.push(command.clone());
                 }
-                Reply::Status("QUEUED".into())
+                Reply::Status(Cow::Borrowed("QUEUED"))
             }
             Command::Unwatch => {
                 self.unwatch(conn);

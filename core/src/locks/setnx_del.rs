@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(
             SetnxDel::new(
                 &Config {
-                    name: String::new(),
+                    name: "".into(),
                     ..config()
                 },
                 Token("a".into())

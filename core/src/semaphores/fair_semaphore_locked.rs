@@ -69,7 +69,7 @@ impl FairSemaphoreLocked {
             return Err(ConfigError::BadGuardLock(guard_id.as_str()));
         }
         let guard_config = Config {
-            name: format!("{}:guard", config.name),
+            name: format!("{}:guard", config.name).into(),
             auto_renew: false,
             wait_replicas: None,
             ..config.clone()

@@ -404,7 +404,8 @@ fn decode(r: &mut impl BufRead) -> Result<Reply, String> {
             .map_err(|_| format!("bad RESP line {line:?}"))
     };
     match kind {
-        Some('+') => Ok(Reply::Status(rest.to_owned())),
+        Some('+') if rest == "OK" => Ok(Reply::ok()),
+        Some('+') => Ok(Reply::Status(rest.to_owned().into())),
         Some('-') => Ok(Reply::Error(rest.to_owned())),
         Some(':') => Ok(Reply::Int(number()?)),
         Some('$') => match usize::try_from(number()?) {
