@@ -57,7 +57,11 @@
 //! The grant order that `fenced-resource` compares is taken where the
 //! servers grant: when a client's token comes to hold on a quorum of nodes
 //! (one node but for RedLock). Owner-only compares the holds on a node
-//! before and after each command of a client that is past its acquire.
+//! before and after each command of a client, in every phase, and counts an
+//! expiry set on another's key; exempt are the evictions of a protocol's
+//! own expiry rule and the commands a recipe sends to another's key right
+//! after the read its rule acts on, a word each request carries from when
+//! it was sent ([`Sent::by_rule`]).
 
 use crate::fault::{Family, Fault, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, SetCondition, Value};
@@ -686,6 +690,10 @@ pub struct Sent {
     pub timeout: Millis,
     /// Held up by the `delay` fault beyond the latency bound.
     pub late: bool,
+    /// Sent to another's key by the protocol's own rule, right after the
+    /// read the rule acts on (ghost, decided when it was sent, see
+    /// [`LockModel::by_rule`]): it keeps that word when it runs late.
+    pub by_rule: bool,
 }
 
 /// A reply on its way back to the client.
@@ -911,8 +919,9 @@ pub struct State {
     pub late_retries_left: u8,
     /// Grants so far, counted where the servers grant (ghost).
     pub grants: u32,
-    /// A command other than an eviction ([`LockModel::evicts`]) removed or
-    /// changed another owner's hold (ghost, sticky).
+    /// A command other than an eviction ([`LockModel::evicts`]) or a
+    /// recipe's rule ([`LockModel::by_rule`]) removed or changed another
+    /// owner's hold, or set an expiry on it (ghost, sticky).
     pub owner_violation: bool,
     /// Last true time a live client was inside or a node was cut off from
     /// every client or down: a waiter's patience runs from here.
@@ -1208,11 +1217,13 @@ impl LockModel {
         let now = state.clients[ci].clock.at(state.time);
         while let Some(request) = state.clients[ci].machine.poll_transmit() {
             let l = self.link(c, request.node.0);
+            let by_rule = Self::sent_by_rule(&mut state.clients[ci], &request);
             state.links[l].requests.push_back(Sent {
                 request: Arc::new(request),
                 due: state.time + self.cfg.latency,
                 timeout: now + self.cfg.reply_timeout,
                 late: false,
+                by_rule,
             });
         }
         while let Some(event) = state.clients[ci].machine.poll_event() {
@@ -1568,11 +1579,12 @@ impl LockModel {
     }
 
     /// Runs `command` of client `c` on node `n` over connection `conn`,
-    /// with the ghost bookkeeping: who wrote each plain key, and whether a
-    /// release or extend touched another owner's hold.
-    fn execute(&self, state: &mut State, c: u8, n: u8, command: &Command, conn: ConnId) -> Reply {
+    /// with the ghost bookkeeping: who wrote each plain key, whether the
+    /// command touched another owner's hold, and the read a recipe's rule
+    /// acts on next.
+    fn execute(&self, state: &mut State, c: u8, n: u8, sent: &Sent, conn: ConnId) -> Reply {
+        let command = &sent.request.command;
         let t = state.time;
-        let probe = state.clients[usize::from(c)].probe.take();
         let node = &mut state.nodes[usize::from(n)];
         if self.cfg.protocol.uses_watch() && conn == ConnId(u32::from(c)) {
             node.connected |= 1u8 << c;
@@ -1586,10 +1598,9 @@ impl LockModel {
         // commands that evict holds by the protocol's own expiry rule or
         // act on another's key by its rule; only a node holding another
         // owner's hold can be touched.
-        let own_probe = probe.as_ref().filter(|p| p.node == n);
         let before = (owners_before & !(1u8 << c) != 0
             && Self::may_touch(command)
-            && !Self::by_rule(own_probe, &node.keyspace, now, command))
+            && !Self::by_rule(sent.by_rule, &node.keyspace, now, command))
         .then(|| self.holds(node, now));
         let reply = match command {
             Command::Wait { replicas, .. } => {
@@ -1630,27 +1641,47 @@ impl LockModel {
             state.clients[usize::from(c)].gave_back = true;
         }
         node.keyspace.purge_expired(now);
-        let found = match (command, &reply) {
-            (Command::Ttl { key } | Command::PTtl { key }, Reply::Int(-1)) => {
-                Some((key, Found::NoTtl))
+        // The read a recipe's rule acts on, for the client's next request
+        // to this node (`sent_by_rule`). Only the two recipes whose rule
+        // acts on another's key after a read record it, so that the other
+        // protocols' states do not multiply by a ghost they never use. A
+        // request of a retired connection (an orphan) makes none: its
+        // client never reads the reply.
+        let found = match (self.cfg.protocol, command, &reply) {
+            (
+                ProtocolId::SetnxExpire,
+                Command::Ttl { key } | Command::PTtl { key },
+                Reply::Int(-1),
+            ) => Some((key, Found::NoTtl)),
+            (ProtocolId::SetnxGetset, Command::Get { key }, Reply::Bulk(_)) => {
+                Some((key, Found::Value))
             }
-            (Command::Get { key }, Reply::Bulk(_)) => Some((key, Found::Value)),
             _ => None,
         };
-        // A probe lasts until the client's next command to that node runs
-        // on its current connection. A request of a retired connection (an
-        // orphan, whose reply the client never reads) neither makes one nor
-        // ends one; it may still be the command that acts on it.
-        state.clients[usize::from(c)].probe = match found {
-            Some((key, found)) if conn == ConnId(u32::from(c)) => Some(Probe {
+        if let Some((key, found)) = found.filter(|_| conn == ConnId(u32::from(c))) {
+            state.clients[usize::from(c)].probe = Some(Probe {
                 node: n,
                 key: key.clone(),
                 found,
-            }),
-            _ if conn == ConnId(u32::from(c)) => probe.filter(|p| p.node != n),
-            _ => probe,
-        };
+            });
+        }
         reply
+    }
+
+    /// Whether `request`, which `client` is sending, acts on another's key
+    /// by its protocol's rule: the client's last read on that node
+    /// ([`Probe`]) is the one the rule acts on, for this command and key.
+    /// Any request to that node ends the probe: the rule acts on the read
+    /// with the very next command.
+    fn sent_by_rule(client: &mut ClientState, request: &Request) -> bool {
+        let Some(probe) = client.probe.take_if(|p| p.node == request.node.0) else {
+            return false;
+        };
+        match (&request.command, probe.found) {
+            (Command::Expire { key, .. } | Command::PExpire { key, .. }, Found::NoTtl)
+            | (Command::GetSet { key, .. }, Found::Value) => *key == probe.key,
+            _ => false,
+        }
     }
 
     /// Calls `key` for each key `command` set an expiry on (`EXPIRE` or
@@ -1684,9 +1715,9 @@ impl LockModel {
         }
     }
 
-    /// `command` acts on another's key by its protocol's rule, right after
-    /// the read the rule acts on (`probe`: the client's last command to this
-    /// node on its current connection):
+    /// `command`, sent by the protocol's rule right after the read the rule
+    /// acts on (`sent_by_rule`, decided when it was sent), acts on
+    /// another's key as that rule allows:
     /// - `setnx-expire`'s repair: a waiter whose `TTL` found the key
     ///   without expiry gives it one with `EXPIRE`, and the key has still
     ///   none now. A repair that runs when the key has an expiry again
@@ -1697,20 +1728,14 @@ impl LockModel {
     ///   stamp had expired by the waiter's clock, see `record_writers`; a
     ///   losing one leaves the owner as it was). A `GETSET` with no `GET`
     ///   before it, the recipe's extend, is judged.
-    fn by_rule(probe: Option<&Probe>, keyspace: &Keyspace, now: Millis, command: &Command) -> bool {
-        let Some(probe) = probe else {
-            return false;
-        };
-        match (command, probe.found) {
-            (Command::Expire { key, .. } | Command::PExpire { key, .. }, Found::NoTtl) => {
-                *key == probe.key
-                    && keyspace
-                        .get_live(key, now)
-                        .is_some_and(|entry| entry.expires_at.is_none())
+    fn by_rule(sent_by_rule: bool, keyspace: &Keyspace, now: Millis, command: &Command) -> bool {
+        sent_by_rule
+            && match command {
+                Command::Expire { key, .. } | Command::PExpire { key, .. } => keyspace
+                    .get_live(key, now)
+                    .is_some_and(|entry| entry.expires_at.is_none()),
+                _ => true,
             }
-            (Command::GetSet { key, .. }, Found::Value) => *key == probe.key,
-            _ => false,
-        }
     }
 
     /// `command` is judged by owner-only: it is no eviction
@@ -1758,7 +1783,7 @@ impl LockModel {
             (Outcome::Unknown, false)
         } else {
             let conn = ConnId(u32::from(c));
-            let reply = self.execute(state, c, n, &sent.request.command, conn);
+            let reply = self.execute(state, c, n, &sent, conn);
             (Outcome::Reply(reply), false)
         };
         if on_old {
@@ -1786,7 +1811,7 @@ impl LockModel {
         let node = &state.nodes[usize::from(n)];
         let bit = 1u8 << c;
         if !node.cut_off(c) && (node.dead | node.stale) & bit == 0 && (on_old || node.up(t)) {
-            self.execute(state, c, n, &sent.request.command, conn);
+            self.execute(state, c, n, &sent, conn);
         }
         let node = &mut state.nodes[usize::from(n)];
         node.keyspace.drop_connection(conn);
@@ -2675,7 +2700,7 @@ pub fn command_text(c: &Command) -> String {
 pub fn reply_text(r: &Reply) -> String {
     match r {
         Reply::Nil => "nil".to_owned(),
-        Reply::Status(s) => s.clone(),
+        Reply::Status(s) => s.to_string(),
         Reply::Int(n) => format!("(integer) {n}"),
         Reply::Bulk(s) => format!("{s:?}"),
         Reply::Array(items) => format!(
@@ -2760,12 +2785,40 @@ mod tests {
         (model, state)
     }
 
+    /// Client `c` sends `command` to node 0, as `drain` does.
+    fn send(state: &mut State, c: u8, command: Command) -> Sent {
+        let request = Request {
+            id: RequestId(0),
+            node: lockwright_core::NodeId(0),
+            command,
+        };
+        let by_rule = LockModel::sent_by_rule(&mut state.clients[usize::from(c)], &request);
+        Sent {
+            request: Arc::new(request),
+            due: 0,
+            timeout: Millis(0),
+            late: false,
+            by_rule,
+        }
+    }
+
+    /// Client `c` sends `command` and node 0 runs it on its current
+    /// connection.
     fn run(model: &LockModel, state: &mut State, c: u8, command: Command) -> Reply {
-        model.execute(state, c, 0, &command, ConnId(u32::from(c)))
+        let sent = send(state, c, command);
+        model.execute(state, c, 0, &sent, ConnId(u32::from(c)))
     }
 
     fn key() -> String {
         "{r}".to_owned()
+    }
+
+    /// Client `c`'s `TTL` finds the key without expiry.
+    fn ttl_reads_none(model: &LockModel, state: &mut State, c: u8) {
+        assert_eq!(
+            run(model, state, c, Command::Ttl { key: key() }),
+            Reply::Int(-1)
+        );
     }
 
     /// `SET {r} value NX PX 10000`.
@@ -2810,10 +2863,7 @@ mod tests {
         assert_eq!(run(&model, &mut state, 1, setnx(1)), Reply::Int(0));
         // The waiter finds no TTL and gives the key one: the recipe's repair.
         let mut repaired = state.clone();
-        assert_eq!(
-            run(&model, &mut repaired, 1, Command::Ttl { key: key() }),
-            Reply::Int(-1)
-        );
+        ttl_reads_none(&model, &mut repaired, 1);
         run(&model, &mut repaired, 1, expire.clone());
         assert!(!repaired.owner_violation, "the repair is the recipe's rule");
         // The same EXPIRE without the probe before it acts on the holder's
@@ -2824,10 +2874,7 @@ mod tests {
         assert!(trespass.owner_violation);
         // A repair that runs after the holder set its own TTL resets it.
         let mut late = state;
-        assert_eq!(
-            run(&model, &mut late, 1, Command::Ttl { key: key() }),
-            Reply::Int(-1)
-        );
+        ttl_reads_none(&model, &mut late, 1);
         run(&model, &mut late, 0, expire.clone());
         assert!(!late.owner_violation, "the holder's own EXPIRE");
         // At the same instant the reset leaves the deadline as it was, and
@@ -2869,36 +2916,58 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_belongs_to_its_connection() {
+    fn a_request_keeps_the_rule_it_was_sent_under_when_it_runs_late() {
         let (model, mut state) = judged(ProtocolId::SetnxExpire);
-        run(
-            &model,
-            &mut state,
-            0,
-            Command::SetNx {
-                key: key(),
-                value: "c0".into(),
-            },
-        );
-        assert_eq!(
-            run(&model, &mut state, 1, Command::Ttl { key: key() }),
-            Reply::Int(-1)
-        );
-        // A request of c1's retired connection runs in between: the repair
-        // on the current connection is still the repair.
-        let orphan = orphan_conn(1, 0);
-        model.execute(&mut state, 1, 0, &Command::Get { key: key() }, orphan);
+        let setnx = |c: u8| Command::SetNx {
+            key: key(),
+            value: format!("c{c}"),
+        };
         let expire = Command::Expire {
             key: key(),
             seconds: 10,
         };
-        let mut repaired = state.clone();
-        run(&model, &mut repaired, 1, expire.clone());
-        assert!(!repaired.owner_violation);
-        // Once another command of c1's ran on its current connection, the
-        // read is no longer the one the EXPIRE acts on.
-        run(&model, &mut state, 1, Command::Get { key: key() });
-        run(&model, &mut state, 1, expire);
+        run(&model, &mut state, 0, setnx(0));
+        ttl_reads_none(&model, &mut state, 1);
+        // c1 sends its repair; it is held up, c1 times out and tries again
+        // on a new connection, and the repair runs late, on the retired one,
+        // while the key has still no TTL: it is still the repair.
+        let repair = send(&mut state, 1, expire.clone());
+        assert!(repair.by_rule);
+        run(&model, &mut state, 1, setnx(1));
+        model.execute(&mut state, 1, 0, &repair, orphan_conn(1, 0));
+        assert!(!state.owner_violation);
+        // An EXPIRE sent with no read before it is no repair, late or not.
+        let stray = send(&mut state, 1, expire);
+        assert!(!stray.by_rule);
+        model.execute(&mut state, 1, 0, &stray, orphan_conn(1, 1));
+        assert!(state.owner_violation);
+    }
+
+    #[test]
+    fn a_late_getset_of_an_extend_is_judged_though_a_read_came_since() {
+        let (model, mut state) = judged(ProtocolId::SetnxGetset);
+        run(
+            &model,
+            &mut state,
+            1,
+            Command::SetNx {
+                key: key(),
+                value: "5".into(),
+            },
+        );
+        let extend = send(
+            &mut state,
+            0,
+            Command::GetSet {
+                key: key(),
+                value: "20000".into(),
+            },
+        );
+        assert!(!extend.by_rule);
+        // c0 acquires again meanwhile and reads the stamp; its old extend
+        // then runs late and takes c1's key over.
+        run(&model, &mut state, 0, Command::Get { key: key() });
+        model.execute(&mut state, 0, 0, &extend, orphan_conn(0, 0));
         assert!(state.owner_violation);
     }
 

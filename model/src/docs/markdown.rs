@@ -42,7 +42,7 @@ fn property_summary(p: PropertyId) -> &'static str {
     match p {
         PropertyId::MutualExclusion => "at most one holder (`limit` for semaphores) is inside its critical section; a well-behaved client leaves when its own clock says its validity ran out, unless it is paused",
         PropertyId::FencedResource => "the protected resource never accepts a write from a holder whose hold was superseded by one whose write it already accepted (with fencing it refuses older fences; without, it accepts every write)",
-        PropertyId::OwnerOnly => "no command a client sends (acquire, undo, release, extend, renewal) removes, changes or sets an expiry on another owner's hold; evictions and takeovers by the protocol's own expiry rule are judged by mutual exclusion",
+        PropertyId::OwnerOnly => "no command a client sends (acquire, undo, release, extend, renewal) removes, changes or sets an expiry on another owner's hold; evictions, takeovers and repairs by the protocol's own rule are judged by mutual exclusion",
         PropertyId::Progress => "a running waiting client does not wait longer than `2·ttl + 2·max retry delay` while no live client is inside and every node is up and reachable (a client cut off alone from its node, or from a majority of RedLock's masters, is excused until the cut heals)",
     }
 }
