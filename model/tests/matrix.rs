@@ -145,7 +145,7 @@ fn unique_state_counts_without_faults_are_pinned() {
 
 const PINNED: [(ProtocolId, usize); 16] = [
     (ProtocolId::SetnxDel, 2123),
-    (ProtocolId::SetnxExpire, 10229),
+    (ProtocolId::SetnxExpire, 15215),
     // The two protocols checked in two runs (safety with three clients,
     // stopped once all three properties are found; progress with two):
     // the sum.
