@@ -36,8 +36,9 @@
 //!   connection as the adapter does: a request not yet run then runs later
 //!   on that retired connection, and the next request opens a new one.
 //!   Client faults
-//!   (pause, crash, skew) are the model's client machines taking no step or
-//!   reading the model's clocks; nothing real is needed for them.
+//!   (pause, crash, skew, a client's clock step) are the model's client
+//!   machines taking no step or reading the model's clocks; nothing real is
+//!   needed for them.
 //!
 //! Keys are compared through a separate connection per node (`KEYS`, the
 //! value, `PEXPIRETIME`) on every node that is up, after every step; a read
@@ -649,7 +650,7 @@ What the harness plays rather than makes real: the network (a partitioned node's
 lost requests are not sent, a lost reply is read and dropped, a message in flight is sent when the \
 model delivers it, and a request whose client timed out runs on the retired connection when the \
 model runs it), the clients (a paused or crashed client takes no step, a skewed client \
-reads the model's clock) and the protected resource (a Redis store of its own running the \
+or one whose clock steps back reads the model's clock) and the protected resource (a Redis store of its own running the \
 model's rule in one script, fed the model's ghost grant order: it checks that the writes arrive \
 as the model says, not the rule itself).
 ";
@@ -1098,13 +1099,14 @@ impl Run<'_> {
                 Vec::new()
             }
             // The network and the clients are the harness: a cut, a heal,
-            // a lost request, a held link, a tick, a timer, a check, a pause
-            // or a crash change nothing on the servers.
+            // a lost request, a held link, a tick, a timer, a check, a pause,
+            // a crash or a client's clock step change nothing on the servers.
             Action::Timer(_)
             | Action::Check(_)
             | Action::Tick(_)
             | Action::Crash(_)
             | Action::Pause(_)
+            | Action::StepBack(_)
             | Action::Resume(_)
             | Action::Hold { .. }
             | Action::LoseRequest { .. }

@@ -3,10 +3,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// How far a node's clock steps back under [`Fault::ClockBack`] and how far
-/// a replica's lags under [`Fault::FailoverClockLag`], in ms: more than the
-/// 1 ms a restart or a promotion takes in the model, and less than
-/// [`NODE_CLOCK_START`](crate::model::NODE_CLOCK_START), so that a node
+/// How far a node's clock steps back under [`Fault::ClockBack`], how far
+/// a replica's lags under [`Fault::FailoverClockLag`] and how far a client's
+/// steps back under [`Fault::ClientStep`], in ms: more than the 1 ms a
+/// restart or a promotion takes in the model and than RedLock's drift
+/// allowance (`ttl/100 + 2`), a step NTP takes rather than slews, and less
+/// than [`NODE_CLOCK_START`](crate::model::NODE_CLOCK_START), so that a node
 /// clock never reads below zero.
 pub const CLOCK_STEP_BACK: u64 = 500;
 
@@ -23,6 +25,17 @@ pub enum Fault {
     /// Client clocks disagree: one clock is half a TTL ahead and runs 1 %
     /// slow (within RedLock's drift allowance of `ttl/100 + 2`).
     ClientSkew,
+    /// One client's clock steps back by [`CLOCK_STEP_BACK`] ms, once, at any
+    /// instant (an NTP step after the host's clock ran ahead, a VM restored
+    /// from a snapshot). The client's machine reads that clock at every
+    /// step, as a front end that reads the wall clock does: a lease it holds
+    /// looks valid for that much longer, its timers and timeouts fire that
+    /// much later, and the stamps it writes (the recipes that compare
+    /// clients' clocks) are that much older. The adapter's own clock is
+    /// monotonic and anchored to the wall clock once per process
+    /// (`redis/src/clock.rs`), so a step after it started does not reach
+    /// it; a step before is [`Fault::ClientSkew`].
+    ClientStep,
     /// One node's clock jumps forward by more than the TTL.
     ClockJump,
     /// A node's clock steps back by [`CLOCK_STEP_BACK`] ms as it restarts
@@ -66,12 +79,13 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// The eleven columns of the verdict matrix.
-    pub const COLUMNS: [Fault; 11] = [
+    /// The twelve columns of the verdict matrix.
+    pub const COLUMNS: [Fault; 12] = [
         Fault::None,
         Fault::Crash,
         Fault::Pause,
         Fault::ClientSkew,
+        Fault::ClientStep,
         Fault::ClockJump,
         Fault::ClockBack,
         Fault::Restart,
@@ -84,15 +98,16 @@ impl Fault {
     /// Every fault, the columns first, then the restart and failover
     /// variants. `split-brain` is a variant for its cost: a second master
     /// for the rest of a run makes it the costliest fault to check (about
-    /// 51 million states over the sixteen protocols; the eleven columns
-    /// together about 80 million), and a pairs table with it
+    /// 51 million states over the sixteen protocols; the twelve columns
+    /// together about 81 million, `client-step` one of them), and a pairs table with it
     /// would not fit a test run (`split-brain+delay` of `set-px-lua` alone
     /// passed 3 GB and two minutes unfinished).
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 16] = [
         Fault::None,
         Fault::Crash,
         Fault::Pause,
         Fault::ClientSkew,
+        Fault::ClientStep,
         Fault::ClockJump,
         Fault::ClockBack,
         Fault::Restart,
@@ -134,6 +149,7 @@ impl Fault {
             Fault::Crash => "crash",
             Fault::Pause => "pause",
             Fault::ClientSkew => "client-skew",
+            Fault::ClientStep => "client-step",
             Fault::ClockJump => "clock-jump",
             Fault::ClockBack => "clock-back",
             Fault::Restart => "restart",

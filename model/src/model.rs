@@ -155,6 +155,11 @@ pub enum Mutation {
     /// also after an undo that got no reply, as it once did
     /// (`WatchSemaphore::with_one_token_for_every_attempt`).
     WatchSemaphoreRetriesUnderOneToken,
+    /// `fenced` without its renewal (`auto_renew` off): the lease lasts one
+    /// TTL from the grant, as `set-px-lua`'s does. The renewing leases keep
+    /// mutual exclusion under `client-step` by their renewal alone, and this
+    /// mutant shows the column catches a lease that does not renew.
+    FencedWithoutRenewal,
 }
 
 impl Mutation {
@@ -164,6 +169,7 @@ impl Mutation {
             Mutation::LeaseSemaphoreUndoesUnanswered => ProtocolId::LeaseSemaphore,
             Mutation::RedlockRetriesUnderOneToken => ProtocolId::Redlock,
             Mutation::WatchSemaphoreRetriesUnderOneToken => ProtocolId::WatchSemaphore,
+            Mutation::FencedWithoutRenewal => ProtocolId::Fenced,
         }
     }
 }
@@ -342,6 +348,13 @@ impl ModelConfig {
                 WatchSemaphore::with_one_token_for_every_attempt(&config, token)
                     .map(Machine::WatchSemaphore)
             }
+            Some(Mutation::FencedWithoutRenewal) => {
+                let config = Config {
+                    auto_renew: false,
+                    ..config
+                };
+                Machine::new(ProtocolId::Fenced, &config, token)
+            }
         }
     }
 
@@ -410,6 +423,11 @@ pub struct ClientClock {
     pub num: u64,
     /// Rate denominator.
     pub den: u64,
+    /// How far the clock has stepped back since true time 0
+    /// ([`Fault::ClientStep`]): subtracted from every reading. A step
+    /// strikes only once the clock reads at least this much, so no reading
+    /// falls below zero.
+    pub back: u64,
 }
 
 impl Default for ClientClock {
@@ -425,6 +443,7 @@ impl ClientClock {
         offset: 0,
         num: 1,
         den: 1,
+        back: 0,
     };
 
     /// The skewed clock of [`Fault::ClientSkew`] for a TTL of `ttl` ms:
@@ -436,6 +455,7 @@ impl ClientClock {
             offset: ttl / 2,
             num: 99,
             den: 100,
+            back: 0,
         }
     }
 
@@ -446,18 +466,19 @@ impl ClientClock {
             offset,
             num: ppt,
             den: 1000,
+            back: 0,
         }
     }
 
     /// The reading at true time `t`.
     pub fn at(self, t: u64) -> Millis {
-        Millis(self.offset + t * self.num / self.den)
+        Millis((self.offset + t * self.num / self.den).saturating_sub(self.back))
     }
 
     /// The first true time at which the reading is at least `local`
     /// (`None` when that is beyond any horizon).
     pub fn true_time_of(self, local: Millis) -> Option<u64> {
-        let l = local.get();
+        let l = local.get().checked_add(self.back)?;
         if l <= self.offset {
             return Some(0);
         }
@@ -994,6 +1015,9 @@ pub enum Action {
     Pause(u8),
     /// The paused client resumes.
     Resume(u8),
+    /// `client-step`: the client's clock steps back by
+    /// [`CLOCK_STEP_BACK`](crate::fault::CLOCK_STEP_BACK) ms.
+    StepBack(u8),
     /// `clock-jump`: the node's clock jumps forward by TTL + 1.
     JumpClock(u8),
     /// `restart*`, `clock-back`: the node restarts.
@@ -1995,8 +2019,8 @@ impl LockModel {
         u8::MAX >> (8 - self.cfg.clients)
     }
 
-    /// May a client-level fault (crash, pause, a held or lost message, a
-    /// client's cut from a node) strike client `c`? Clients start identical but for their token, and
+    /// May a client-level fault (crash, pause, a client's clock step, a
+    /// held or lost message, a client's cut from a node) strike client `c`? Clients start identical but for their token, and
     /// every step is defined alike for each, so renaming `c0` and `c1`
     /// maps any run in which `c1` is struck to one in which `c0` is: a
     /// symmetry reduction over identical clients. It does not hold where
@@ -2019,6 +2043,7 @@ impl LockModel {
                             f,
                             Fault::Crash
                                 | Fault::Pause
+                                | Fault::ClientStep
                                 | Fault::Delay
                                 | Fault::ClientPartition
                                 | Fault::SplitBrain
@@ -2160,6 +2185,12 @@ impl LockModel {
                 if strike && can(Fault::Pause) {
                     actions.push(Action::Pause(c));
                 }
+                // A step while the client is paused reads as one at its
+                // resumption: it reads its clock only when it takes a step
+                // (and counts as inside while it is paused anyway).
+                if strike && can(Fault::ClientStep) && now.get() >= CLOCK_STEP_BACK {
+                    actions.push(Action::StepBack(c));
+                }
             }
             if client.paused && !client.crashed {
                 actions.push(Action::Resume(c));
@@ -2300,6 +2331,10 @@ impl LockModel {
             Action::Pause(c) => {
                 s.budget &= !self.cfg.budget_bit(Fault::Pause);
                 s.clients[usize::from(c)].paused = true;
+            }
+            Action::StepBack(c) => {
+                s.budget &= !self.cfg.budget_bit(Fault::ClientStep);
+                s.clients[usize::from(c)].clock.back += CLOCK_STEP_BACK;
             }
             Action::Resume(c) => {
                 let due = s.time + self.cfg.latency;
@@ -2613,6 +2648,7 @@ impl LockModel {
             Action::Tick(t) => format!("time passes to {t}"),
             Action::Crash(c) => format!("c{c} crashes"),
             Action::Pause(c) => format!("c{c} pauses"),
+            Action::StepBack(c) => format!("c{c}'s clock steps back by {CLOCK_STEP_BACK} ms"),
             Action::Resume(c) => format!("c{c} resumes"),
             Action::JumpClock(n) => format!("n{n}'s clock jumps forward by {}", self.cfg.ttl + 1),
             Action::Restart(n) if self.cfg.has(Fault::ClockBack) => {
@@ -2735,6 +2771,44 @@ mod tests {
     }
 
     #[test]
+    fn a_stepped_clock_reads_back_and_its_deadlines_come_later() {
+        let mut clock = ClientClock::EXACT;
+        clock.back = CLOCK_STEP_BACK;
+        assert_eq!(clock.at(2_000), Millis(1_500));
+        // A deadline at reading 9_898 (a lease granted at 0) now falls
+        // 500 ms of true time later.
+        assert_eq!(clock.true_time_of(Millis(9_898)), Some(10_398));
+        assert_eq!(clock.at(10_398), Millis(9_898));
+        assert_eq!(clock.at(10_397), Millis(9_897));
+    }
+
+    #[test]
+    fn a_step_strikes_once_and_only_a_clock_that_reads_past_it() {
+        let model = LockModel::new(
+            ModelConfig::new(ProtocolId::SetPxLua, Fault::ClientStep),
+            vec![PropertyId::MutualExclusion],
+        )
+        .unwrap();
+        let mut state = model.initial();
+        let steps = |state: &State| {
+            let mut actions = Vec::new();
+            model.enabled(state, &mut actions);
+            actions
+                .into_iter()
+                .filter(|a| matches!(a, Action::StepBack(_)))
+                .collect::<Vec<_>>()
+        };
+        assert!(steps(&state).is_empty(), "the clock reads 0");
+        state.time = CLOCK_STEP_BACK;
+        // Client symmetry: client 0 stands for every client.
+        assert_eq!(steps(&state), [Action::StepBack(0)]);
+        let stepped = model.step(&state, &Action::StepBack(0)).unwrap();
+        assert_eq!(stepped.clients[0].clock.at(stepped.time), Millis(0));
+        assert_eq!(stepped.clients[1].clock.at(stepped.time), Millis(500));
+        assert!(steps(&stepped).is_empty(), "one step per run");
+    }
+
+    #[test]
     fn parts_print_and_compare_as_the_vector_they_stand_for() {
         let v: Vec<String> = vec!["a".into(), "bc".into()];
         let parts: Parts<String> = v.iter().cloned().collect();
@@ -2821,6 +2895,14 @@ mod tests {
         );
     }
 
+    /// `SETNX {r} c<c>`.
+    fn setnx(c: u8) -> Command {
+        Command::SetNx {
+            key: key(),
+            value: format!("c{c}"),
+        }
+    }
+
     /// `SET {r} value NX PX 10000`.
     fn set_nx_px(value: &str) -> Command {
         Command::Set {
@@ -2849,12 +2931,7 @@ mod tests {
 
     #[test]
     fn a_repair_of_a_key_without_ttl_is_exempt_and_a_late_one_is_not() {
-        let (model, state) = judged(ProtocolId::SetnxExpire);
-        let mut state = state;
-        let setnx = |c: u8| Command::SetNx {
-            key: key(),
-            value: format!("c{c}"),
-        };
+        let (model, mut state) = judged(ProtocolId::SetnxExpire);
         let expire = Command::Expire {
             key: key(),
             seconds: 10,
@@ -2918,10 +2995,6 @@ mod tests {
     #[test]
     fn a_request_keeps_the_rule_it_was_sent_under_when_it_runs_late() {
         let (model, mut state) = judged(ProtocolId::SetnxExpire);
-        let setnx = |c: u8| Command::SetNx {
-            key: key(),
-            value: format!("c{c}"),
-        };
         let expire = Command::Expire {
             key: key(),
             seconds: 10,

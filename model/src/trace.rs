@@ -205,6 +205,7 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                     | Action::Write(c)
                     | Action::Crash(c)
                     | Action::Pause(c)
+                    | Action::StepBack(c)
                     | Action::Resume(c)
                     | Action::Timeout { client: c, .. } => client_lane(*c),
                     Action::JumpClock(n)
@@ -223,6 +224,7 @@ pub fn svg(model: &LockModel, steps: &[(State, Option<Action>)]) -> String {
                 let colour = match action {
                     Action::Crash(_)
                     | Action::Pause(_)
+                    | Action::StepBack(_)
                     | Action::JumpClock(_)
                     | Action::Restart(_)
                     | Action::Promote

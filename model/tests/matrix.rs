@@ -536,3 +536,39 @@ fn delay_strikes_the_first_client_and_node_first() {
     let pair = lockwright_model::LockModel::new(pair, PropertyId::ALL.to_vec()).unwrap();
     assert_eq!(struck(&pair, &pair.initial()), vec![(0, 0), (0, 1), (0, 2)]);
 }
+
+/// The renewing leases keep mutual exclusion under `client-step` by their
+/// renewal alone (a renewal 500 ms late still lands a third of a TTL
+/// before the key expires): `fenced` without it
+/// (`Mutation::FencedWithoutRenewal`) is violated there, as `set-px-lua`
+/// is, and still holds with no fault.
+#[test]
+fn a_client_step_breaks_a_lease_that_does_not_renew() {
+    use lockwright_model::model::Mutation;
+    let me = |fault: Fault, mutation: Option<Mutation>| {
+        let mut cfg = lockwright_model::ModelConfig::for_properties(
+            ProtocolId::Fenced,
+            fault,
+            &[PropertyId::MutualExclusion],
+        );
+        cfg.mutation = mutation;
+        let run = matrix::check_config(cfg, 2, false).expect("model configures");
+        run.cells
+            .iter()
+            .find(|c| c.property == PropertyId::MutualExclusion)
+            .map(|c| c.verdict)
+            .expect("mutual exclusion is checked")
+    };
+    let mutant = Some(Mutation::FencedWithoutRenewal);
+    assert_eq!(me(Fault::ClientStep, None), Verdict::Holds, "fenced");
+    assert_eq!(
+        me(Fault::ClientStep, mutant),
+        Verdict::Violated,
+        "the mutant"
+    );
+    assert_eq!(
+        me(Fault::None, mutant),
+        Verdict::Holds,
+        "the mutant, no fault"
+    );
+}

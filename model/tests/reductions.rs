@@ -70,12 +70,13 @@ fn costly_faults() -> Vec<Fault> {
         return Fault::ALL.to_vec();
     }
     println!(
-        "prompt delivery and the late-retry bound: compared under none, client-skew, clock-jump, crash \
-         and restart only; set LOCKWRIGHT_FULL_REDUCTIONS=1 for every fault"
+        "prompt delivery and the late-retry bound: compared under none, client-skew, client-step, \
+         clock-jump, crash and restart only; set LOCKWRIGHT_FULL_REDUCTIONS=1 for every fault"
     );
     vec![
         Fault::None,
         Fault::ClientSkew,
+        Fault::ClientStep,
         Fault::ClockJump,
         Fault::Crash,
         Fault::Restart,
@@ -120,6 +121,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
     let client_faults = vec![
         Fault::Crash,
         Fault::Pause,
+        Fault::ClientStep,
         Fault::Delay,
         Fault::ClientPartition,
         Fault::SplitBrain,
@@ -213,6 +215,7 @@ fn switches(protocol: ProtocolId) -> Vec<(&'static str, Reductions, u64, Vec<Fau
                 Fault::None,
                 Fault::Crash,
                 Fault::ClientSkew,
+                Fault::ClientStep,
                 Fault::ClockJump,
             ],
         },

@@ -53,6 +53,7 @@ fn fault_summary(f: Fault) -> &'static str {
         Fault::Crash => "a client stops for good at any step",
         Fault::Pause => "a client takes no step while time advances (GC pause, stalled VM), then resumes",
         Fault::ClientSkew => "client clocks disagree: one is half a TTL ahead and runs 1 % slow (within RedLock's drift allowance)",
+        Fault::ClientStep => "one client's clock steps back by 500 ms once, at any instant (an NTP step); its machine reads that clock at every step, as a front end that reads the wall clock does (the adapter's clock is monotonic: a step after it started does not reach it)",
         Fault::ClockJump => "one node's clock jumps forward by TTL + 1",
         Fault::ClockBack => "a node restarts empty and its clock comes back 500 ms behind (more than the restart took)",
         Fault::Restart => "a node restarts empty; it is down for 1 ms",
