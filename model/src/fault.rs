@@ -26,15 +26,19 @@ pub enum Fault {
     /// slow (within RedLock's drift allowance of `ttl/100 + 2`).
     ClientSkew,
     /// One client's clock steps back by [`CLOCK_STEP_BACK`] ms, once, at any
-    /// instant (an NTP step after the host's clock ran ahead, a VM restored
-    /// from a snapshot). The client's machine reads that clock at every
-    /// step, as a front end that reads the wall clock does: a lease it holds
-    /// looks valid for that much longer, its timers and timeouts fire that
-    /// much later, and the stamps it writes (the recipes that compare
-    /// clients' clocks) are that much older. The adapter's own clock is
-    /// monotonic and anchored to the wall clock once per process
-    /// (`redis/src/clock.rs`), so a step after it started does not reach
-    /// it; a step before is [`Fault::ClientSkew`].
+    /// instant once it reads that much (an NTP step after the host's clock
+    /// ran ahead; a step before that instant is the same as one at it, since
+    /// the machine reads its clock only when it acts). The client's machine
+    /// reads that clock at every step, as a front end that reads the wall
+    /// clock does: a lease it holds looks valid for that much longer, its
+    /// timers and timeouts fire that much later, and the stamps it writes
+    /// (the recipes that compare clients' clocks) are that much older. The
+    /// adapter's own clock is `CLOCK_MONOTONIC` anchored to the wall clock
+    /// once per process (`redis/src/clock.rs`): a step of the wall clock
+    /// after that does not reach its leases, but it leaves the process
+    /// skewed against one started after the step ([`Fault::ClientSkew`]),
+    /// and a suspend, which stops `CLOCK_MONOTONIC`, is a
+    /// [`Fault::Pause`].
     ClientStep,
     /// One node's clock jumps forward by more than the TTL.
     ClockJump,

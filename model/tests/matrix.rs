@@ -538,8 +538,8 @@ fn delay_strikes_the_first_client_and_node_first() {
 }
 
 /// The renewing leases keep mutual exclusion under `client-step` by their
-/// renewal alone (a renewal 500 ms late still lands a third of a TTL
-/// before the key expires): `fenced` without it
+/// renewal alone (they renew every third of a TTL, so a renewal 500 ms
+/// late still lands long before the key expires): `fenced` without it
 /// (`Mutation::FencedWithoutRenewal`) is violated there, as `set-px-lua`
 /// is, and still holds with no fault.
 #[test]

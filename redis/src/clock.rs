@@ -7,8 +7,16 @@
 //! (`setnx-getset` and the ZSET semaphores) compare timestamps written by
 //! *different* owners (the recipes use the wall clock), so every owner must
 //! read the same clock; across processes the anchor makes them agree as far
-//! as the hosts' clocks do, which is exactly those recipes' assumption (and
-//! their `client-skew` weakness).
+//! as the hosts' clocks did when each process anchored, which is exactly
+//! those recipes' assumption (and their `client-skew` weakness).
+//!
+//! A step of the wall clock after the anchor (an NTP step) does not reach
+//! this clock, so a lease's deadline never moves with it
+//! (`tests/tests/clock_step.rs` steps a real process's wall clock to show
+//! it). Two processes anchored on either side of a step disagree by the
+//! step for as long as both run, as skewed clocks do; and `Instant` is
+//! `CLOCK_MONOTONIC`, which stops while the host is suspended, so a
+//! suspend is a pause of every hold in the process.
 
 use lockwright_core::Millis;
 use std::sync::OnceLock;

@@ -21,15 +21,21 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-/// Where Debian's `libfaketime` package puts the library.
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// Where Debian's `libfaketime` package puts the library, per architecture.
+const LIBFAKETIME: [&str; 3] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+];
 
 /// How far the test steps the child's wall clock back, ms.
 const STEP_MS: i64 = 2_000;
 
 /// Tolerance, ms, between a lease's deadline and the monotonic time that
-/// passed: two leases' own round trips and the clocks' whole-ms readings.
-const TOLERANCE_MS: i64 = 150;
+/// passed: two leases' own round trips (the first also connects) and the
+/// clocks' whole-ms readings, on a loaded machine. A quarter of the step,
+/// so that a deadline that moved with the step is still far outside it.
+const TOLERANCE_MS: i64 = STEP_MS / 4;
 
 /// One `lease` line of the child.
 #[derive(Debug)]
@@ -61,16 +67,16 @@ fn parse(line: &str) -> Lease {
 #[test]
 fn a_step_of_the_wall_clock_does_not_reach_either_front_end() {
     let test = "a_step_of_the_wall_clock_does_not_reach_either_front_end";
-    if !Path::new(LIBFAKETIME).exists() {
+    let Some(libfaketime) = LIBFAKETIME.into_iter().find(|p| Path::new(p).exists()) else {
         assert!(
             !in_ci(),
-            "{test}: {LIBFAKETIME} is required under CI (apt-get install libfaketime)"
+            "{test}: libfaketime is required under CI (apt-get install libfaketime; looked for {LIBFAKETIME:?})"
         );
         eprintln!(
-            "\n*** SKIPPED {test}: {LIBFAKETIME} not found (apt-get install libfaketime) ***\n"
+            "\n*** SKIPPED {test}: libfaketime not found (apt-get install libfaketime) ***\n"
         );
         return;
-    }
+    };
     let Some(redis) = redis_or_skip(test) else {
         return;
     };
@@ -81,7 +87,7 @@ fn a_step_of_the_wall_clock_does_not_reach_either_front_end() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_clock_step_child"))
         .arg(redis.url())
         .arg(format!("127.0.0.1:{}", redis.port()))
-        .env("LD_PRELOAD", LIBFAKETIME)
+        .env("LD_PRELOAD", libfaketime)
         .env("FAKETIME_TIMESTAMP_FILE", &offset)
         .env("FAKETIME_NO_CACHE", "1")
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")

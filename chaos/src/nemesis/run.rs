@@ -138,8 +138,8 @@ pub fn not_applicable(fault: Fault, protocol: ProtocolId) -> Option<&'static str
         Some("a Sentinel group watches one master")
     } else if fault == Fault::ClientStep {
         Some(
-            "the adapter's clock is monotonic, anchored to the wall clock once per process: \
-             a step of a client's wall clock after it started does not reach it, as \
+            "the adapter's clock is CLOCK_MONOTONIC, anchored to the wall clock once per \
+             process: a step of a client's wall clock after that does not reach its leases, as \
              tests/tests/clock_step.rs shows (the model's column is for front ends that read \
              the wall clock at every step)",
         )
