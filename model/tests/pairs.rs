@@ -180,9 +180,9 @@ fn pairs_are_parsed_and_refused_with_their_reason() {
         "restart+clock-back".parse::<FaultPair>(),
         Err(PairError::SameStep(..))
     ));
-    // Ten faulty columns, less the pair of two restarts and the pair of
+    // Eleven faulty columns, less the pair of two restarts and the pair of
     // two cuts.
-    assert_eq!(FaultPair::of_columns().len(), 10 * 9 / 2 - 2);
+    assert_eq!(FaultPair::of_columns().len(), 11 * 10 / 2 - 2);
 }
 
 /// A single fault's run is the standard run: `also` is `None` and the
