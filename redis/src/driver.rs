@@ -16,11 +16,16 @@
 //! (see the `clock` module), never the deadline it woke up for.
 //!
 //! An acquire runs the loop inside the caller's future ([`Inline`]): no task
-//! and no channel stand between the caller and its requests. A grant moves
-//! the driver to a task of its own, which serves the guard (release, extend,
-//! automatic renewal, loss at the end of validity). Connections are the
-//! `conn` module's: shared per node, or the hold's own for the protocols
-//! that `WATCH`.
+//! and no channel stand between the caller and its requests, nor between
+//! the driver and the outcome, which it leaves in a slot of its own for the
+//! caller to take ([`Done::Inline`]). A granted hold's driver stays with the
+//! guard, run by the guard's calls in the same way, unless the machine has
+//! work of its own before the lease ends (automatic renewal, an undo still
+//! to resend): then it moves to a task, which serves the guard (release,
+//! extend, renewal, loss at the end of validity) through a channel and
+//! answers each call on a channel of its own ([`Done::Channel`]).
+//! Connections are the `conn` module's: shared per node, or the hold's own
+//! for the protocols that `WATCH`.
 //!
 //! When the application's handle goes away (a guard dropped, or an acquire
 //! future dropped part-way), the driver finishes what is in flight, releases
@@ -69,35 +74,115 @@ pub(crate) struct Granted {
     pub(crate) cell: LeaseCell,
 }
 
+/// Where the outcome of an operation goes.
+#[derive(Debug)]
+pub(crate) enum Done<T> {
+    /// To the caller that runs the driver inline ([`Inline::drive`]): the
+    /// driver's answer slot, for the operation of this number. No channel
+    /// is made for it; an answer for another number (an operation whose
+    /// caller gave up) is refused, as a closed channel refuses it.
+    Inline(u64),
+    /// To a caller waiting on a driver that runs as a task.
+    Channel(oneshot::Sender<T>),
+}
+
+/// An operation's outcome, as the driver's answer slot keeps it.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Acquire(Result<Option<Granted>, Error>),
+    Release(Result<bool, Error>),
+    Lease(Result<Lease, Error>),
+}
+
+/// An outcome type that fits the answer slot.
+pub(crate) trait Answered: Sized {
+    fn into_answer(self) -> Answer;
+    /// The outcome, if `answer` is one of this type.
+    fn from_answer(answer: Answer) -> Option<Self>;
+}
+
+macro_rules! answered {
+    ($($t:ty => $variant:ident),* $(,)?) => {$(
+        impl Answered for $t {
+            fn into_answer(self) -> Answer {
+                Answer::$variant(self)
+            }
+            fn from_answer(answer: Answer) -> Option<Self> {
+                match answer {
+                    Answer::$variant(value) => Some(value),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+answered! {
+    Result<Option<Granted>, Error> => Acquire,
+    Result<bool, Error> => Release,
+    Result<Lease, Error> => Lease,
+}
+
 /// An operation the application asks the driver for.
 #[derive(Debug)]
 pub(crate) enum Call {
     Acquire {
         how: How,
-        done: oneshot::Sender<Result<Option<Granted>, Error>>,
+        done: Done<Result<Option<Granted>, Error>>,
     },
     Release {
-        done: oneshot::Sender<Result<bool, Error>>,
+        done: Done<Result<bool, Error>>,
     },
     Extend {
-        done: oneshot::Sender<Result<Lease, Error>>,
+        done: Done<Result<Lease, Error>>,
     },
     /// Take a held reentrant lock once more (one attempt).
     Reenter {
-        done: oneshot::Sender<Result<Lease, Error>>,
+        done: Done<Result<Lease, Error>>,
     },
+}
+
+impl Call {
+    /// The number of the inline operation this is, if it is one.
+    fn inline_number(&self) -> Option<u64> {
+        match self {
+            Call::Acquire { done, .. } => done.inline_number(),
+            Call::Release { done } => done.inline_number(),
+            Call::Extend { done } | Call::Reenter { done } => done.inline_number(),
+        }
+    }
+}
+
+impl<T> Done<T> {
+    fn inline_number(&self) -> Option<u64> {
+        match self {
+            Done::Inline(n) => Some(*n),
+            Done::Channel(_) => None,
+        }
+    }
 }
 
 /// The operation whose outcome the next event decides.
 #[derive(Debug)]
 enum Pending {
     None,
-    Acquire(oneshot::Sender<Result<Option<Granted>, Error>>),
-    Release(oneshot::Sender<Result<bool, Error>>),
-    Extend(oneshot::Sender<Result<Lease, Error>>),
-    Reenter(oneshot::Sender<Result<Lease, Error>>),
+    Acquire(Done<Result<Option<Granted>, Error>>),
+    Release(Done<Result<bool, Error>>),
+    Extend(Done<Result<Lease, Error>>),
+    Reenter(Done<Result<Lease, Error>>),
     /// A release the driver started itself (the handle went away).
     Cleanup,
+}
+
+impl Pending {
+    fn inline_number(&self) -> Option<u64> {
+        match self {
+            Pending::Acquire(done) => done.inline_number(),
+            Pending::Release(done) => done.inline_number(),
+            Pending::Extend(done) | Pending::Reenter(done) => done.inline_number(),
+            Pending::None | Pending::Cleanup => None,
+        }
+    }
 }
 
 /// Settings of a hold's requests.
@@ -267,7 +352,7 @@ struct DelayedResend {
 /// The answers to a token release the application waits for.
 #[derive(Debug)]
 struct TokenReleaseTally {
-    done: oneshot::Sender<Result<bool, Error>>,
+    done: Done<Result<bool, Error>>,
     removed: bool,
     unknown: Option<String>,
 }
@@ -302,6 +387,8 @@ pub(crate) fn new(
         next_token_id: FIRST_TOKEN_RELEASE_ID,
         tally: None,
         released_by_token: None,
+        answer: None,
+        inline_op: 0,
         sleep: None,
         span,
     })))
@@ -320,25 +407,42 @@ impl Inline {
         }
     }
 
-    /// Run the driver until `result` has a value.
-    pub(crate) async fn drive<T>(&mut self, result: &mut oneshot::Receiver<T>) -> Option<T> {
+    /// Where the outcome of the next operation handed to this driver
+    /// goes: the answer slot, under a new operation number. Whatever an
+    /// earlier operation left there, or still owes, is no longer taken.
+    pub(crate) fn done<T>(&mut self) -> Done<T> {
+        match &mut self.0 {
+            Some(driver) => {
+                driver.inline_op = driver.inline_op.wrapping_add(1);
+                driver.answer = None;
+                Done::Inline(driver.inline_op)
+            }
+            None => Done::Inline(0),
+        }
+    }
+
+    /// Run the driver until the operation last numbered by
+    /// [`Inline::done`] has its outcome. `None` when it never will (the
+    /// driver dropped the operation, as a closed channel would say).
+    pub(crate) async fn drive<T: Answered>(&mut self) -> Option<T> {
         let driver = self.0.as_mut()?;
         let span = driver.span.clone();
         in_span(span, async {
             loop {
                 driver.drain();
-                match result.try_recv() {
-                    Ok(value) => {
-                        // A hold removed by token (an unanswered attempt)
-                        // is gone before the caller hears the outcome.
-                        while driver.token_requests.iter().any(|r| r.first) {
-                            driver.step().await;
-                        }
-                        return Some(value);
+                if let Some(answer) = driver.answer.take() {
+                    let value = T::from_answer(answer)?;
+                    // A hold removed by token (an unanswered attempt)
+                    // is gone before the caller hears the outcome.
+                    while driver.token_requests.iter().any(|r| r.first) {
+                        driver.step().await;
                     }
-                    Err(oneshot::error::TryRecvError::Closed) => return None,
-                    Err(oneshot::error::TryRecvError::Empty) => driver.step().await,
+                    return Some(value);
                 }
+                if !driver.owes_inline_caller() {
+                    return None;
+                }
+                driver.step().await;
             }
         })
         .await
@@ -386,13 +490,13 @@ impl Inline {
     }
 
     /// Run `op` to its end inside the caller's future.
-    async fn call<T>(&mut self, op: Call, result: &mut oneshot::Receiver<T>) -> Option<T> {
+    async fn call<T: Answered>(&mut self, op: Call) -> Option<T> {
         let driver = self.0.as_mut()?;
         // The machine's deadlines passed while nobody ran it (between the
         // guard's calls): let it act on them first, as a task would have.
         driver.catch_up();
         driver.apply(op);
-        self.drive(result).await
+        self.drive().await
     }
 }
 
@@ -408,16 +512,20 @@ impl Holder {
     /// Run the operation `op` builds and wait for its result.
     pub(crate) async fn call<T>(
         &mut self,
-        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Call,
-    ) -> Result<T, Error> {
-        let (done, mut result) = oneshot::channel();
+        op: impl FnOnce(Done<Result<T, Error>>) -> Call,
+    ) -> Result<T, Error>
+    where
+        Result<T, Error>: Answered,
+    {
         match self {
-            Holder::Inline(inline) => inline
-                .call(op(done), &mut result)
-                .await
-                .ok_or(Error::DriverGone)?,
+            Holder::Inline(inline) => {
+                let done = inline.done();
+                inline.call(op(done)).await.ok_or(Error::DriverGone)?
+            }
             Holder::Task(ops) => {
-                ops.send(op(done)).map_err(|_| Error::DriverGone)?;
+                let (done, result) = oneshot::channel();
+                ops.send(op(Done::Channel(done)))
+                    .map_err(|_| Error::DriverGone)?;
                 result.await.map_err(|_| Error::DriverGone)?
             }
         }
@@ -426,9 +534,13 @@ impl Holder {
 
 impl Drop for Inline {
     fn drop(&mut self) {
-        let Some(driver) = self.0.take() else {
+        let Some(mut driver) = self.0.take() else {
             return;
         };
+        // Nobody takes an answer any more: an outcome still owed (a grant)
+        // is refused, and given back, as a closed channel would make it.
+        driver.inline_op = driver.inline_op.wrapping_add(1);
+        driver.answer = None;
         if driver.io.is_idle()
             && driver.resends.is_empty()
             && driver.machine.lease().is_none()
@@ -484,6 +596,12 @@ struct Driver {
     /// What the release by token of this hold answered, for the further
     /// releases of a reentrant guard's levels.
     released_by_token: Option<bool>,
+    /// The outcome of the current inline operation ([`Done::Inline`]),
+    /// until its caller takes it.
+    answer: Option<Answer>,
+    /// The number of the current inline operation: the only one whose
+    /// outcome the answer slot takes.
+    inline_op: u64,
     /// The timer, created at the first deadline.
     sleep: Option<Pin<Box<Sleep>>>,
     span: tracing::Span,
@@ -492,6 +610,32 @@ struct Driver {
 impl Driver {
     fn now(&self) -> Millis {
         clock().now()
+    }
+
+    /// Hand `value` to whoever waits for it: `Err(value)` back when nobody
+    /// does (a closed channel, or an inline operation whose caller moved on
+    /// or went away).
+    fn finish<T: Answered>(&mut self, done: Done<T>, value: T) -> Result<(), T> {
+        match done {
+            Done::Channel(sender) => sender.send(value),
+            Done::Inline(n) if n == self.inline_op && self.answer.is_none() => {
+                self.answer = Some(value.into_answer());
+                Ok(())
+            }
+            Done::Inline(_) => Err(value),
+        }
+    }
+
+    /// Whether the current inline operation is still owed its outcome: it
+    /// is pending, deferred, or a release by token is tallying its answer.
+    fn owes_inline_caller(&self) -> bool {
+        let current = Some(self.inline_op);
+        self.pending.inline_number() == current
+            || self.deferred.iter().any(|op| op.inline_number() == current)
+            || self
+                .tally
+                .as_ref()
+                .is_some_and(|t| t.done.inline_number() == current)
     }
 
     fn instant_of(&self, at: Millis) -> Option<Instant> {
@@ -637,7 +781,7 @@ impl Driver {
         };
         match (result, op) {
             (Err(lockwright_core::UsageError::Busy), op) => self.deferred.push_back(op),
-            (Err(e), Call::Acquire { done, .. }) => drop(done.send(Err(e.into()))),
+            (Err(e), Call::Acquire { done, .. }) => drop(self.finish(done, Err(e.into()))),
             (Err(lockwright_core::UsageError::NotHeld), Call::Release { done })
                 if self.token_release.is_some() =>
             {
@@ -647,7 +791,7 @@ impl Driver {
                 if let Some(removed) = self.released_by_token {
                     // An earlier release of this hold already removed it by
                     // token (every level of a reentrant hold at once).
-                    drop(done.send(Ok(removed)));
+                    drop(self.finish(done, Ok(removed)));
                     return;
                 }
                 let rounds = match &self.token_release {
@@ -661,9 +805,9 @@ impl Driver {
                     unknown: None,
                 });
             }
-            (Err(e), Call::Release { done }) => drop(done.send(Err(e.into()))),
+            (Err(e), Call::Release { done }) => drop(self.finish(done, Err(e.into()))),
             (Err(e), Call::Extend { done } | Call::Reenter { done }) => {
-                drop(done.send(Err(e.into())))
+                drop(self.finish(done, Err(e.into())))
             }
             (Ok(()), Call::Acquire { done, .. }) => self.pending = Pending::Acquire(done),
             (Ok(()), Call::Release { done }) => self.pending = Pending::Release(done),
@@ -734,7 +878,7 @@ impl Driver {
                     if let Pending::Acquire(done) =
                         std::mem::replace(&mut self.pending, Pending::None)
                     {
-                        drop(done.send(Err(error)));
+                        drop(self.finish(done, Err(error)));
                     }
                 } else if self.warned.as_deref() != Some(failure.text.as_str()) {
                     tracing::warn!(node, problem = %failure.text, "redis unreachable, retrying");
@@ -866,7 +1010,7 @@ impl Driver {
         });
         if let Err(e) = started {
             if let Pending::Acquire(done) = std::mem::replace(&mut self.pending, Pending::None) {
-                drop(done.send(Err(e)));
+                drop(self.finish(done, Err(e)));
             }
         }
         true
@@ -966,7 +1110,7 @@ impl Driver {
                 if let Ok(removed) = result {
                     self.released_by_token = Some(removed);
                 }
-                drop(tally.done.send(result));
+                drop(self.finish(tally.done, result));
             }
         }
     }
@@ -1026,7 +1170,8 @@ impl Driver {
                 }
                 let cell = LeaseCell::new(lease.valid_until);
                 self.cell = Some(cell.clone());
-                if let Err(Ok(Some(granted))) = done.send(Ok(Some(Granted { lease, cell }))) {
+                if let Err(Ok(Some(granted))) = self.finish(done, Ok(Some(Granted { lease, cell })))
+                {
                     // The acquire future was dropped part-way: give the hold back.
                     let now = self.now();
                     granted.cell.release();
@@ -1036,7 +1181,7 @@ impl Driver {
                 }
             }
             (Event::Denied, Pending::Acquire(done)) => {
-                drop(done.send(self.denial()));
+                drop(self.finish(done, self.denial()));
             }
             (Event::Acquired(lease), Pending::Reenter(done)) => {
                 if let Some(cell) = &self.cell {
@@ -1044,7 +1189,7 @@ impl Driver {
                         cell.renewed(version, lease.valid_until);
                     }
                 }
-                drop(done.send(Ok(lease)));
+                drop(self.finish(done, Ok(lease)));
             }
             (Event::Denied, Pending::Reenter(done)) => {
                 // No reply: the lock script may have run (the machine's last
@@ -1054,7 +1199,7 @@ impl Driver {
                     Err(unknown) => unknown,
                     Ok(()) => self.denial().err().unwrap_or(Error::Lost),
                 };
-                drop(done.send(Err(error)));
+                drop(self.finish(done, Err(error)));
             }
             (Event::Released { was_held }, Pending::Release(done)) => {
                 if self.machine.lease().is_none() {
@@ -1065,7 +1210,7 @@ impl Driver {
                 // The machine counts a release without a reply as "gone";
                 // the caller is told the truth: nobody knows.
                 let result = self.unless_unanswered(Operation::Release, was_held);
-                drop(done.send(result));
+                drop(self.finish(done, result));
             }
             (Event::Released { .. }, Pending::Cleanup) => {}
             (Event::Extended { lease, by }, pending) => {
@@ -1075,7 +1220,9 @@ impl Driver {
                     }
                 }
                 match (by, pending) {
-                    (Extension::Extend, Pending::Extend(done)) => drop(done.send(Ok(lease))),
+                    (Extension::Extend, Pending::Extend(done)) => {
+                        drop(self.finish(done, Ok(lease)))
+                    }
                     (_, other) => self.pending = other,
                 }
             }
@@ -1086,7 +1233,7 @@ impl Driver {
                 Pending::Extend(done),
             ) => {
                 let result = self.unless_unanswered(Operation::Extend, ());
-                drop(done.send(result.and(Err(Error::NotExtended))));
+                drop(self.finish(done, result.and(Err(Error::NotExtended))));
             }
             (Event::Lost, pending) => {
                 if let Some(cell) = &self.cell {
@@ -1104,12 +1251,15 @@ impl Driver {
                             .unanswered
                             .take()
                             .unwrap_or_else(|| "no reply before the lease ran out".to_owned());
-                        drop(done.send(Err(Error::OutcomeUnknown {
-                            operation: Operation::Extend,
-                            reason,
-                        })));
+                        drop(self.finish(
+                            done,
+                            Err(Error::OutcomeUnknown {
+                                operation: Operation::Extend,
+                                reason,
+                            }),
+                        ));
                     }
-                    Pending::Extend(done) => drop(done.send(Err(Error::Lost))),
+                    Pending::Extend(done) => drop(self.finish(done, Err(Error::Lost))),
                     // `Lost` concludes an extend and nothing else: an
                     // acquire, a re-entry or a release goes on to an event
                     // of its own (a reentrant lock's nested release, say,
@@ -1117,10 +1267,10 @@ impl Driver {
                     other => self.pending = other,
                 }
             }
-            (Event::Failed(e), Pending::Acquire(done)) => drop(done.send(Err(e.into()))),
-            (Event::Failed(e), Pending::Release(done)) => drop(done.send(Err(e.into()))),
+            (Event::Failed(e), Pending::Acquire(done)) => drop(self.finish(done, Err(e.into()))),
+            (Event::Failed(e), Pending::Release(done)) => drop(self.finish(done, Err(e.into()))),
             (Event::Failed(e), Pending::Extend(done) | Pending::Reenter(done)) => {
-                drop(done.send(Err(e.into())))
+                drop(self.finish(done, Err(e.into())))
             }
             (Event::RenewalFailed(e), pending) => {
                 // The hold stands until its validity; the next renewal tries

@@ -14,7 +14,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 /// How a [`Lock`] or [`Semaphore`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -468,9 +468,12 @@ impl Shared {
                 token_release,
                 fresh,
             );
-            let (done, mut result) = oneshot::channel();
+            let done = driver.done();
             driver.apply(Call::Acquire { how, done });
-            let granted = driver.drive(&mut result).await.ok_or(Error::DriverGone)??;
+            let granted = driver
+                .drive::<Result<Option<driver::Granted>, Error>>()
+                .await
+                .ok_or(Error::DriverGone)??;
             Ok(match granted {
                 Some(g) => Some(LockGuard {
                     protocol: self.protocol,
@@ -994,8 +997,11 @@ impl LockGuard {
 
     async fn call<T>(
         &mut self,
-        op: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Call,
-    ) -> Result<T, Error> {
+        op: impl FnOnce(driver::Done<Result<T, Error>>) -> Call,
+    ) -> Result<T, Error>
+    where
+        Result<T, Error>: driver::Answered,
+    {
         self.holder.call(op).await
     }
 

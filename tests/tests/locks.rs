@@ -320,3 +320,55 @@ async fn time_fenced_follows_a_counter_that_is_ahead_of_the_clock() {
     );
     assert_eq!(g.release().await, Ok(true));
 }
+
+/// A guard call given up part way (its future dropped while the request is
+/// in flight) leaves its outcome to nobody: the guard's next call gets its
+/// own answer, not the abandoned one's. The guard's driver runs inline here
+/// (no automatic renewal), where both calls share the driver's answer slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_call_given_up_part_way_does_not_answer_the_next_one() {
+    let Some(redis) = redis_or_skip("given-up") else {
+        return;
+    };
+    let lock = new_lock(&[&redis], "given-up", options(ProtocolId::SetPxLua, 10_000));
+    let mut guard = lock.try_acquire().await.unwrap().expect("granted");
+    // Polled once, the extend sends its request and waits; the zero
+    // timeout then drops it.
+    let extend = tokio::time::timeout(Duration::ZERO, guard.extend()).await;
+    assert!(extend.is_err(), "the extend was still waiting for Redis");
+    // The release waits for the extend's reply (one operation at a time),
+    // which must not be taken for its own.
+    assert_eq!(guard.release().await, Ok(true));
+    assert!(
+        lock.try_acquire().await.unwrap().is_some(),
+        "the lock is free after the release"
+    );
+}
+
+/// An acquire future dropped with its request in flight: the grant that
+/// then arrives goes to nobody, and the driver, finishing in the
+/// background, gives it back rather than leaving the key to its TTL (60 s
+/// here). Two mechanisms do it: the answer slot refuses the grant (the
+/// dropped caller's number is retired), and a driver whose handle is gone
+/// releases any hold it still has; this test fails only with both removed
+/// (checked by hand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_its_acquire_was_dropped_is_given_back() {
+    let Some(redis) = redis_or_skip("dropped acquire") else {
+        return;
+    };
+    let lock = new_lock(
+        &[&redis],
+        "dropped-acquire",
+        options(ProtocolId::SetPxLua, 60_000),
+    );
+    // Polled once, the acquire sends its request; the zero timeout then
+    // drops the future before the reply comes.
+    let dropped = tokio::time::timeout(Duration::ZERO, lock.acquire()).await;
+    assert!(dropped.is_err(), "the acquire was still waiting for Redis");
+    let next = lock
+        .acquire_timeout(Duration::from_millis(2_000))
+        .await
+        .expect("the grant nobody took was given back");
+    assert_eq!(next.release().await, Ok(true));
+}
