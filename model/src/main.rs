@@ -49,7 +49,7 @@ enum Command {
         #[arg(
             long = "faults",
             value_name = "A+B",
-            conflicts_with_all = ["faults", "clients", "late_retries"],
+            conflicts_with_all = ["faults", "clients", "late_retries", "nodes"],
             value_parser = parse_pairs,
         )]
         pairs: Vec<Vec<FaultPair>>,
@@ -82,6 +82,12 @@ enum Command {
         /// `--clients`, a differing cell is reported, not hidden.
         #[arg(long, value_name = "N")]
         late_retries: Option<u8>,
+        /// Check RedLock on this many masters instead of the standard
+        /// three (1 to 7; an odd number has a strict majority to lose).
+        /// The other protocols run on one node whatever this says. Like
+        /// `--clients`, a differing cell is reported, not hidden.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=7))]
+        nodes: Option<u8>,
     },
     /// Print the shortest counterexample for one cell.
     Explain {
@@ -162,6 +168,7 @@ fn main() -> ExitCode {
             cache,
             clients,
             late_retries,
+            nodes,
             pairs: _,
         } => check(
             protocols,
@@ -172,6 +179,7 @@ fn main() -> ExitCode {
             Bounds {
                 clients,
                 late_retries,
+                nodes,
             },
             open_cache(cache),
         ),
@@ -477,11 +485,13 @@ struct Output {
 struct Bounds {
     clients: Option<u8>,
     late_retries: Option<u8>,
+    /// RedLock's masters.
+    nodes: Option<u8>,
 }
 
 impl Bounds {
     fn is_standard(self) -> bool {
-        self.clients.is_none() && self.late_retries.is_none()
+        self.clients.is_none() && self.late_retries.is_none() && self.nodes.is_none()
     }
 }
 
@@ -527,6 +537,9 @@ fn check(
                     }
                     if let Some(n) = bounds.late_retries {
                         cfg.late_retries = n;
+                    }
+                    if let (Some(n), ProtocolId::Redlock) = (bounds.nodes, p) {
+                        cfg.nodes = n;
                     }
                     let mut model =
                         LockModel::new(cfg, PropertyId::ALL.to_vec()).map_err(|source| {
