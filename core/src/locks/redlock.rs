@@ -105,6 +105,7 @@ use crate::protocol::{
     Token, UsageError,
 };
 use crate::time::Millis;
+use std::hash::{Hash, Hasher};
 
 /// The number of masters that must agree among `nodes`: `nodes/2 + 1`.
 pub fn quorum(nodes: usize) -> usize {
@@ -321,6 +322,122 @@ impl Redlock {
             // of its masters.
             base: Scaffold::new(config.backoff(), None),
         })
+    }
+
+    /// Feed `state` everything of this machine but what its current round
+    /// keeps per master: with [`Redlock::hash_master`] for each master, the
+    /// pieces of a fingerprint that does not change when masters are
+    /// renamed, for a model checker that treats interchangeable masters as
+    /// one (a symmetry reduction). Nothing hashed here names a master by its
+    /// number: requests and timers are named by [`RequestId`], which the
+    /// masters' parts carry. The outbox is hashed as it is; a checker that
+    /// renames masters must have drained it (its requests name masters).
+    pub fn hash_apart_from_masters<H: Hasher>(&self, state: &mut H) {
+        // Every field, so that a new one cannot be left out unnoticed.
+        let Redlock {
+            key,
+            given,
+            token,
+            renamed,
+            one_token,
+            nodes,
+            ttl_ms,
+            drift_ms,
+            reply_timeout_ms,
+            notify_releases,
+            state: phase,
+            base,
+        } = self;
+        (key, given, token, renamed, one_token, nodes).hash(state);
+        (ttl_ms, drift_ms, reply_timeout_ms, notify_releases, base).hash(state);
+        std::mem::discriminant(phase).hash(state);
+        let round = match phase {
+            State::Idle => None,
+            State::Acquiring { round, how } => {
+                how.hash(state);
+                Some(round)
+            }
+            State::BackingOff { how } => {
+                how.hash(state);
+                None
+            }
+            State::Held { lease } => {
+                lease.hash(state);
+                None
+            }
+            State::Extending { round, lease } => {
+                lease.hash(state);
+                Some(round)
+            }
+            State::Releasing { round, then } => {
+                then.hash(state);
+                Some(round)
+            }
+        };
+        if let Some(Round {
+            op,
+            sent_at,
+            requests,
+            answers,
+            error,
+        }) = round
+        {
+            (op, sent_at, error, requests.len(), answers.len()).hash(state);
+        }
+    }
+
+    /// Feed `state` master `i`'s answer in the current round (nothing
+    /// between rounds). See [`Redlock::hash_apart_from_masters`].
+    pub fn hash_master<H: Hasher>(&self, i: usize, state: &mut H) {
+        self.round().map(|r| r.answers.get(i)).hash(state);
+    }
+
+    /// The id of the current round's request to master `i` (none between
+    /// rounds): a reply with another id is stale, and the machine ignores
+    /// it. A checker that renames masters hashes ids by that alone
+    /// (current or stale), since no other id can ever match.
+    pub fn round_request(&self, i: usize) -> Option<RequestId> {
+        self.round()?.requests.get(i).copied()
+    }
+
+    /// Rename the masters: master `i` becomes master `to[i]` (`to` is a
+    /// permutation of `0..nodes`; anything else leaves the machine as it
+    /// is), and every request id of the current round becomes `id(old)`.
+    /// For checkers and their tests, which rename masters to compare a
+    /// state with its renamings; a machine in use has no reason to.
+    pub fn rename_masters(&mut self, to: &[usize], mut id: impl FnMut(RequestId) -> RequestId) {
+        let n = usize::from(self.nodes);
+        let mut seen = vec![false; n];
+        if to.len() != n
+            || !to
+                .iter()
+                .all(|&t| t < n && !std::mem::replace(&mut seen[t], true))
+        {
+            return;
+        }
+        let round = match &mut self.state {
+            State::Acquiring { round, .. }
+            | State::Extending { round, .. }
+            | State::Releasing { round, .. } => round,
+            State::Idle | State::BackingOff { .. } | State::Held { .. } => return,
+        };
+        if round.requests.len() != n || round.answers.len() != n {
+            return;
+        }
+        let (requests, answers) = (round.requests.clone(), round.answers.clone());
+        for (i, &t) in to.iter().enumerate() {
+            round.requests[t] = id(requests[i]);
+            round.answers[t] = answers[i];
+        }
+    }
+
+    fn round(&self) -> Option<&Round> {
+        match &self.state {
+            State::Acquiring { round, .. }
+            | State::Extending { round, .. }
+            | State::Releasing { round, .. } => Some(round),
+            State::Idle | State::BackingOff { .. } | State::Held { .. } => None,
+        }
     }
 
     /// A deliberate bug, for the tests that must catch it: every round
