@@ -332,8 +332,10 @@ async fn a_guard_call_given_up_part_way_does_not_answer_the_next_one() {
     };
     let lock = new_lock(&[&redis], "given-up", options(ProtocolId::SetPxLua, 10_000));
     let mut guard = lock.try_acquire().await.unwrap().expect("granted");
-    // Polled once, the extend sends its request and waits; the zero
-    // timeout then drops it.
+    // Polled once, the extend sends its request and waits (the server is
+    // paused for 300 ms, so no reply can come back within the poll); the
+    // zero timeout then drops it.
+    pause(&redis, 300).await;
     let extend = tokio::time::timeout(Duration::ZERO, guard.extend()).await;
     assert!(extend.is_err(), "the extend was still waiting for Redis");
     // The release waits for the extend's reply (one operation at a time),
@@ -363,7 +365,9 @@ async fn a_grant_that_arrives_after_its_acquire_was_dropped_is_given_back() {
         options(ProtocolId::SetPxLua, 60_000),
     );
     // Polled once, the acquire sends its request; the zero timeout then
-    // drops the future before the reply comes.
+    // drops the future before the reply comes (the server is paused for
+    // 300 ms, so none can come within the poll).
+    pause(&redis, 300).await;
     let dropped = tokio::time::timeout(Duration::ZERO, lock.acquire()).await;
     assert!(dropped.is_err(), "the acquire was still waiting for Redis");
     let next = lock
@@ -371,4 +375,11 @@ async fn a_grant_that_arrives_after_its_acquire_was_dropped_is_given_back() {
         .await
         .expect("the grant nobody took was given back");
     assert_eq!(next.release().await, Ok(true));
+}
+
+/// Pause every client of `redis` for `ms` milliseconds (`CLIENT PAUSE`):
+/// their commands wait in the server until then.
+async fn pause(redis: &RedisServer, ms: u64) {
+    let mut conn = redis.conn().await;
+    let _: () = raw(&mut conn, redis::cmd("CLIENT").arg("PAUSE").arg(ms)).await;
 }
