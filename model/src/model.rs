@@ -633,21 +633,8 @@ impl ClientState {
             Some(current) => (Some(id) == current, 0),
             None => (false, id.0.wrapping_add(1)),
         };
-        let hash_sent = |sent: &Sent, state: &mut H| {
-            let Sent {
-                request,
-                due,
-                timeout,
-                late,
-                by_rule,
-            } = sent;
-            let Request {
-                id,
-                node: _,
-                command,
-            } = &**request;
-            (is_current(*id), command, due, timeout, late, by_rule).hash(state);
-        };
+        let hash_sent =
+            |sent: &Sent, state: &mut H| sent.hash_with_id(is_current(sent.request.id), state);
         let Link {
             requests,
             replies,
@@ -837,6 +824,16 @@ pub struct Sent {
 
 impl Hash for Sent {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.hash_with_id(self.request.id, state);
+    }
+}
+
+impl Sent {
+    /// Feed `state` this request, its id written as `id` and its node left
+    /// out (its link names it): the one hash of a [`Sent`], with the id
+    /// as it is or, under [`Reductions::master_symmetry`], as current or
+    /// stale.
+    fn hash_with_id<H: std::hash::Hasher>(&self, id: impl Hash, state: &mut H) {
         let Sent {
             request,
             due,
@@ -845,7 +842,7 @@ impl Hash for Sent {
             by_rule,
         } = self;
         let Request {
-            id,
+            id: _,
             node: _,
             command,
         } = &**request;
