@@ -10,8 +10,11 @@
 #   - an empty /data (working directory, AOF) and /faketime (bind mount point).
 #
 # No registry is needed: nothing is pulled. Idempotent: it does nothing when
-# the image already exists (FORCE=1 rebuilds it); the compiled binary is
-# cached under $LOCKWRIGHT_CACHE (default ~/.cache/lockwright/redis-faketime).
+# the image and the compiled binary already exist (FORCE=1 rebuilds it); the
+# binary is kept under $LOCKWRIGHT_CACHE (default
+# ~/.cache/lockwright/redis-faketime) as redis-server-<version>-libc, where
+# the conformance test (tests/tests/conformance.rs) runs it on the host
+# under libfaketime with a frozen clock.
 #
 # Environment:
 #   LOCKWRIGHT_REDIS_IMAGE  image tag (default lockwright/redis-faketime:7)
@@ -32,8 +35,9 @@ die() { say "ERROR: $*" >&2; exit 1; }
 command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "Docker daemon not reachable"
 
-if [[ "${FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
-    say "image $IMAGE already exists (FORCE=1 rebuilds it); nothing to do"
+if [[ "${FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1 \
+    && compgen -G "$CACHE/redis-server-*-libc" >/dev/null; then
+    say "image $IMAGE and $(ls "$CACHE"/redis-server-*-libc | tail -1) already exist (FORCE=1 rebuilds them); nothing to do"
     exit 0
 fi
 

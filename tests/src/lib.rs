@@ -38,6 +38,48 @@ pub fn find_redis_server() -> Result<PathBuf, String> {
         .ok_or_else(|| "no redis-server on PATH (apt-get install -y redis-server)".to_owned())
 }
 
+/// The `redis-server` built with libc's malloc that
+/// `.ci/build-redis-image.sh` compiles for the chaos image and keeps in its
+/// cache (`$LOCKWRIGHT_CACHE`, by default `~/.cache/lockwright/redis-faketime`,
+/// as `redis-server-<version>-libc`), or the file `LOCKWRIGHT_REDIS_LIBC`
+/// names. libfaketime runs under it (it does not start under jemalloc).
+pub fn find_redis_server_libc() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("LOCKWRIGHT_REDIS_LIBC") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "LOCKWRIGHT_REDIS_LIBC={} is not a file",
+                path.display()
+            ))
+        };
+    }
+    let cache = match std::env::var_os("LOCKWRIGHT_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/lockwright/redis-faketime"),
+    };
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .map_err(|e| format!("{}: {e}", cache.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.is_file()
+                && path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("redis-server-") && n.ends_with("-libc"))
+        })
+        .collect();
+    found.sort();
+    found.pop().ok_or_else(|| {
+        format!(
+            "no redis-server-<version>-libc in {} (.ci/build-redis-image.sh builds it)",
+            cache.display()
+        )
+    })
+}
+
 fn free_port() -> Result<u16, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
     listener
@@ -127,6 +169,25 @@ impl RedisServer {
         })
     }
 
+    /// A plain server whose wall clock stands still where `clock` puts it
+    /// (libfaketime, [`FrozenClock`]): `TIME`, expiry and every script
+    /// read `clock`'s reading; its monotonic clock runs, so its timers work
+    /// as usual. The server is the libc-malloc build of
+    /// [`find_redis_server_libc`]: libfaketime cannot start under jemalloc,
+    /// which Debian's `redis-server` uses.
+    pub fn start_frozen(clock: &FrozenClock) -> Result<RedisServer, String> {
+        let env: [(&str, &std::ffi::OsStr); 5] = [
+            ("LD_PRELOAD", clock.library.as_ref()),
+            ("FAKETIME_TIMESTAMP_FILE", clock.file.as_os_str()),
+            ("FAKETIME_NO_CACHE", "1".as_ref()),
+            ("FAKETIME_FMT", "%s".as_ref()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".as_ref()),
+        ];
+        RedisServer::launch_binary(&find_redis_server_libc()?, &env, |port| {
+            Ok((plain_args(port), Vec::new()))
+        })
+    }
+
     /// A Sentinel on a free port, monitoring the master on `master_port`
     /// as `master_name` with a quorum of 1, judging a master down after
     /// 1 s. Its configuration file (Sentinel rewrites it) is removed on
@@ -168,14 +229,23 @@ impl RedisServer {
     fn launch(
         make: impl Fn(u16) -> Result<(Vec<String>, Vec<PathBuf>), String>,
     ) -> Result<RedisServer, String> {
-        let binary = find_redis_server()?;
+        RedisServer::launch_binary(&find_redis_server()?, &[], make)
+    }
+
+    /// [`RedisServer::launch`] of `binary` with extra environment variables.
+    fn launch_binary(
+        binary: &std::path::Path,
+        env: &[(&str, &std::ffi::OsStr)],
+        make: impl Fn(u16) -> Result<(Vec<String>, Vec<PathBuf>), String>,
+    ) -> Result<RedisServer, String> {
         let mut last_error = String::new();
         // A free port can be taken between choosing and binding it: retry.
         for _ in 0..5 {
             let port = free_port()?;
             let (args, files) = make(port)?;
-            let child = Command::new(&binary)
+            let child = Command::new(binary)
                 .args(&args)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -262,6 +332,92 @@ impl Drop for RedisServer {
         for file in &self.files {
             let _ = std::fs::remove_file(file);
         }
+    }
+}
+
+/// Where Debian's `libfaketime` package puts the library, per architecture.
+pub const LIBFAKETIME: [&str; 3] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+];
+
+/// The libfaketime library for `test`, or skip: outside CI a missing
+/// library prints `SKIPPED` and returns `None`; under `CI=true` it panics
+/// (a failure).
+pub fn libfaketime_or_skip(test: &str) -> Option<&'static str> {
+    let found = LIBFAKETIME
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    if found.is_none() {
+        assert!(
+            !in_ci(),
+            "{test}: libfaketime is required under CI (apt-get install libfaketime; looked for {LIBFAKETIME:?})"
+        );
+        eprintln!(
+            "\n*** SKIPPED {test}: libfaketime not found (apt-get install libfaketime) ***\n"
+        );
+    }
+    found
+}
+
+/// A wall clock that stands still, for a server started with
+/// [`RedisServer::start_frozen`]: a libfaketime timestamp file holding an
+/// absolute reading, which libfaketime rereads at every clock call. The
+/// file's directory is removed on drop.
+#[derive(Debug)]
+pub struct FrozenClock {
+    library: &'static str,
+    dir: PathBuf,
+    file: PathBuf,
+    ms: u64,
+}
+
+impl FrozenClock {
+    /// A clock standing at `ms` milliseconds since the epoch, read through
+    /// `library` (see [`libfaketime_or_skip`]).
+    pub fn new(library: &'static str, ms: u64) -> Result<FrozenClock, String> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("lockwright-tests-clock-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let file = dir.join("reading");
+        let mut clock = FrozenClock {
+            library,
+            dir,
+            file,
+            ms,
+        };
+        clock.set_ms(ms)?;
+        Ok(clock)
+    }
+
+    /// The reading, in milliseconds since the epoch.
+    pub fn ms(&self) -> u64 {
+        self.ms
+    }
+
+    /// Moves the reading to `ms` (written to a temporary file and renamed
+    /// into place, so that libfaketime never reads half a reading).
+    pub fn set_ms(&mut self, ms: u64) -> Result<(), String> {
+        // Seconds since the epoch with a fraction (`FAKETIME_FMT=%s`).
+        // libfaketime turns the fraction into nanoseconds through a double
+        // and truncates, so half a microsecond more keeps the reading on
+        // its millisecond and its whole microsecond.
+        let text = format!("{}.{:03}0005\n", ms / 1000, ms % 1000);
+        let temporary = self.dir.join("reading.tmp");
+        std::fs::write(&temporary, text)
+            .and_then(|()| std::fs::rename(&temporary, &self.file))
+            .map_err(|e| format!("write {}: {e}", self.file.display()))?;
+        self.ms = ms;
+        Ok(())
+    }
+}
+
+impl Drop for FrozenClock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

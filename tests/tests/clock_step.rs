@@ -16,17 +16,9 @@
 //! keeps). Either front end's clock read from the wall clock at every call
 //! fails the test the same way.
 
-use lockwright_tests::{in_ci, redis_or_skip};
+use lockwright_tests::{libfaketime_or_skip, redis_or_skip};
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
-
-/// Where Debian's `libfaketime` package puts the library, per architecture.
-const LIBFAKETIME: [&str; 3] = [
-    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-    "/usr/lib/faketime/libfaketime.so.1",
-];
 
 /// How far the test steps the child's wall clock back, ms.
 const STEP_MS: i64 = 2_000;
@@ -67,14 +59,7 @@ fn parse(line: &str) -> Lease {
 #[test]
 fn a_step_of_the_wall_clock_does_not_reach_either_front_end() {
     let test = "a_step_of_the_wall_clock_does_not_reach_either_front_end";
-    let Some(libfaketime) = LIBFAKETIME.into_iter().find(|p| Path::new(p).exists()) else {
-        assert!(
-            !in_ci(),
-            "{test}: libfaketime is required under CI (apt-get install libfaketime; looked for {LIBFAKETIME:?})"
-        );
-        eprintln!(
-            "\n*** SKIPPED {test}: libfaketime not found (apt-get install libfaketime) ***\n"
-        );
+    let Some(libfaketime) = libfaketime_or_skip(test) else {
         return;
     };
     let Some(redis) = redis_or_skip(test) else {

@@ -6,15 +6,14 @@
 //! missing keys, watched-key aborts and script branches all happen. Two
 //! connections take part (WATCH on one, writes on the other).
 //!
-//! Redis expires keys by its own clock, the model by the `now` it is given:
-//! the model's clock is Redis' `TIME` at the start of the sequence plus the
-//! local time elapsed since, every TTL is either far above the test's
-//! duration (100 s and more) or zero/negative/in the past (expires at once),
-//! and remaining-time replies (`PTTL`, `TTL`, the timestamps the lease
-//! scripts store, and the clock fences `time-fenced-acquire` and
-//! `time-fenced-lease-acquire` return and store) are compared within a
-//! small tolerance. Everything else is
-//! compared exactly, error texts included.
+//! Time is exact: the server runs under libfaketime with its wall clock
+//! frozen ([`FrozenClock`]), and the model is given the same reading. A
+//! sequence starts at [`T0`] and moves both clocks forward only by its own
+//! `Advance` steps (a millisecond, a few, or past every TTL), so expiry at
+//! the boundary (`now > deadline`), the deadlines the lease scripts store
+//! as scores, the clock fences of `time-fenced-acquire` and
+//! `time-fenced-lease-acquire` and every remaining-time reply are compared
+//! exactly, like everything else, error texts included.
 //!
 //! `CI=true` runs 1,000 sequences; locally 100 (or `LOCKWRIGHT_CONFORMANCE_CASES`).
 
@@ -24,18 +23,21 @@ use lockwright_core::keyspace::{
 };
 use lockwright_core::Millis;
 use lockwright_redis::wire;
-use lockwright_tests::{in_ci, raw, redis_or_skip, RedisServer};
+use lockwright_tests::{in_ci, libfaketime_or_skip, raw, FrozenClock, RedisServer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 const KEYS: [&str; 3] = ["{k}", "{k}:a", "{k}:b"];
 const VALUES: [&str; 4] = ["t1", "t2", "1", "7"];
 const MEMBERS: [&str; 3] = ["t1", "t2", "m"];
-/// Offsets for `PXAT`, relative to the sequence's start time T0: 1_000_000
-/// stands for T0, so these are "100 s ago" and "in 100 s".
-const PXAT_OFFSETS: [u64; 2] = [900_000, 1_100_000];
+/// Where every sequence's clock starts, ms since the epoch.
+const T0: u64 = 1_800_000_000_123;
+/// `PXAT` deadlines: 100 s before T0, and 100 s after it.
+const PXATS: [u64; 2] = [T0 - 100_000, T0 + 100_000];
+/// How far an `Advance` step moves the clock: to a TTL of 1 ms and past
+/// it, past the short TTLs, and past every long one.
+const ADVANCES: [u64; 4] = [1, 2, 5, 150_000];
 
 fn key() -> impl Strategy<Value = String> {
     prop::sample::select(&KEYS[..]).prop_map(str::to_owned)
@@ -52,11 +54,14 @@ fn keys() -> impl Strategy<Value = Vec<String>> {
 fn members() -> impl Strategy<Value = Vec<String>> {
     prop::collection::vec(member(), 1..3)
 }
-/// TTL arguments in ms: far above the test, or degenerate.
+/// TTL arguments in ms: long, short (a few `Advance` steps end them), or
+/// degenerate.
 fn ttl_ms_arg() -> impl Strategy<Value = String> {
     prop_oneof![
-        4 => Just("100000".to_owned()),
-        4 => Just("200000".to_owned()),
+        3 => Just("100000".to_owned()),
+        3 => Just("200000".to_owned()),
+        1 => Just("1".to_owned()),
+        1 => Just("5".to_owned()),
         1 => Just("0".to_owned()),
         1 => Just("t1".to_owned()),
     ]
@@ -116,8 +121,8 @@ fn data_command() -> impl Strategy<Value = Command> {
         prop_oneof![
             2 => Just(SetExpiry::None),
             4 => prop_oneof![Just(100_000u64), Just(200_000u64)].prop_map(SetExpiry::Px),
-            1 => Just(SetExpiry::Px(0)),
-            1 => prop::sample::select(&PXAT_OFFSETS[..]).prop_map(SetExpiry::PxAt),
+            1 => prop_oneof![Just(0u64), Just(1), Just(5)].prop_map(SetExpiry::Px),
+            1 => prop::sample::select(&PXATS[..]).prop_map(SetExpiry::PxAt),
         ],
         any::<bool>(),
     )
@@ -137,7 +142,7 @@ fn data_command() -> impl Strategy<Value = Command> {
         1 => keys().prop_map(|keys| Command::Exists { keys }),
         1 => (key(), prop_oneof![Just(100i64), Just(200), Just(0), Just(-1)])
             .prop_map(|(key, seconds)| Command::Expire { key, seconds }),
-        2 => (key(), prop_oneof![Just(100_000i64), Just(200_000), Just(0), Just(-5)])
+        2 => (key(), prop_oneof![Just(100_000i64), Just(200_000), Just(0), Just(-5), Just(2)])
             .prop_map(|(key, millis)| Command::PExpire { key, millis }),
         1 => key().prop_map(|key| Command::Ttl { key }),
         2 => key().prop_map(|key| Command::PTtl { key }),
@@ -179,49 +184,20 @@ fn command() -> impl Strategy<Value = Command> {
     ]
 }
 
-fn sequence() -> impl Strategy<Value = Vec<(u8, Command)>> {
-    prop::collection::vec((0u8..2, command()), 1..25)
+/// One step of a sequence: a command on connection 0 or 1, or both clocks
+/// moved forward.
+#[derive(Clone, Debug)]
+enum Step {
+    Run(u8, Command),
+    Advance(u64),
 }
 
-/// Replace the `PXAT` offsets with absolute times around `t0`.
-fn at_time(command: &Command, t0: u64) -> Command {
-    match command {
-        Command::Set {
-            key,
-            value,
-            condition,
-            expiry: SetExpiry::PxAt(offset),
-            get,
-        } => Command::Set {
-            key: key.clone(),
-            value: value.clone(),
-            condition: *condition,
-            expiry: SetExpiry::PxAt((t0 + offset).saturating_sub(1_000_000)),
-            get: *get,
-        },
-        Command::Transaction(cs) => {
-            Command::Transaction(cs.iter().map(|c| at_time(c, t0)).collect())
-        }
-        other => other.clone(),
-    }
-}
-
-/// Equal, or both remaining times / timestamps within a small tolerance.
-fn same_int(a: i64, b: i64) -> bool {
-    // Weighted ZINTERSTORE can scale a timestamp (by -1, 2, ...), so the
-    // tolerance follows the magnitude.
-    let low = a.unsigned_abs().min(b.unsigned_abs());
-    if (a < 0) != (b < 0) {
-        return a == b;
-    }
-    let tolerance = if low >= 50_000 {
-        2_000
-    } else if low >= 50 {
-        2
-    } else {
-        0
-    };
-    a.abs_diff(b) <= tolerance * (low / 1_000_000_000_000).max(1)
+fn sequence() -> impl Strategy<Value = Vec<Step>> {
+    let step = prop_oneof![
+        8 => (0u8..2, command()).prop_map(|(conn, command)| Step::Run(conn, command)),
+        1 => prop::sample::select(&ADVANCES[..]).prop_map(Step::Advance),
+    ];
+    prop::collection::vec(step, 1..25)
 }
 
 /// Redis 7 appends ` script: <sha1>, on @user_script:<line>.` to an error
@@ -238,11 +214,6 @@ fn strip_script_suffix(text: &str) -> &str {
 fn same_reply(real: &Reply, model: &Reply) -> bool {
     match (real, model) {
         (Reply::Error(a), Reply::Error(b)) => a == b || strip_script_suffix(a) == b,
-        (Reply::Int(a), Reply::Int(b)) => same_int(*a, *b),
-        (Reply::Bulk(a), Reply::Bulk(b)) => {
-            a == b
-                || matches!((a.parse::<i64>(), b.parse::<i64>()), (Ok(x), Ok(y)) if same_int(x, y))
-        }
         (Reply::Array(a), Reply::Array(b)) => {
             a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_reply(x, y))
         }
@@ -250,7 +221,7 @@ fn same_reply(real: &Reply, model: &Reply) -> bool {
     }
 }
 
-/// A key's type, value and whether it has a TTL (with the TTL, approximately).
+/// A key's type, value and remaining TTL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Dumped {
     Str(String),
@@ -319,112 +290,52 @@ async fn dump_real(conn: &mut redis::aio::MultiplexedConnection) -> Dump {
     out
 }
 
-/// Both ZSETs without the members whose score, on either side, is a
-/// deadline within [`BOUNDARY_MS`] of `now_ms`: whether a script pruned
-/// such a member as expired depends on the clock's last millisecond,
-/// which the model's clock approximates (a member at the boundary may be
-/// gone on one side and kept on the other). The same members leave both
-/// sides: the two clocks can put one deadline a millisecond apart, on
-/// either side of the boundary (CI saw a score of 3 ms past the model's
-/// clock in Redis and of 2 ms in the model).
-fn off_the_boundary(a: &[(String, i64)], b: &[(String, i64)], now_ms: i64) -> (Members, Members) {
-    let near: std::collections::BTreeSet<&str> = a
-        .iter()
-        .chain(b)
-        .filter(|(_, score)| score.abs_diff(now_ms) <= BOUNDARY_MS)
-        .map(|(member, _)| member.as_str())
-        .collect();
-    let keep = |z: &[(String, i64)]| {
-        z.iter()
-            .filter(|(member, _)| !near.contains(member.as_str()))
-            .cloned()
-            .collect()
-    };
-    (keep(a), keep(b))
-}
-
-/// A ZSET's members and scores, in order.
-type Members = Vec<(String, i64)>;
-
-/// How far from the model's clock a deadline score must be for its
-/// member's expiry to be compared exactly.
-const BOUNDARY_MS: u64 = 2;
-
-fn same_dumped(real: &Dumped, model: &Dumped, now_ms: i64) -> bool {
-    match (real, model) {
-        // Lease scripts store server-clock deadlines as scores.
-        (Dumped::ZSet(a), Dumped::ZSet(b)) => {
-            let (a, b) = off_the_boundary(a, b, now_ms);
-            a.len() == b.len()
-                && a.iter()
-                    .zip(&b)
-                    .all(|((ma, sa), (mb, sb))| ma == mb && same_int(*sa, *sb))
-        }
-        // The time-fenced scripts store the server clock in µs as the fence;
-        // the model's clock has whole milliseconds.
-        (Dumped::Str(a), Dumped::Str(b)) => {
-            a == b
-                || matches!((a.parse::<i64>(), b.parse::<i64>()), (Ok(x), Ok(y)) if same_int(x, y))
-        }
-        (a, b) => a == b,
-    }
-}
-
-fn same_dump(real: &Dump, model: &Dump, now_ms: i64) -> bool {
-    real.len() == model.len()
-        && real
-            .iter()
-            .zip(model)
-            .all(|((rk, (rv, rt)), (mk, (mv, mt)))| {
-                rk == mk
-                    && same_dumped(rv, mv, now_ms)
-                    && match (rt, mt) {
-                        (Some(a), Some(b)) => same_int(*a, *b),
-                        (a, b) => a == b,
-                    }
-            })
-}
-
-async fn run_sequence(redis: &RedisServer, sequence: &[(u8, Command)]) -> Result<(), String> {
+async fn run_sequence(
+    redis: &RedisServer,
+    clock: &mut FrozenClock,
+    sequence: &[Step],
+) -> Result<Vec<Reply>, String> {
+    clock.set_ms(T0)?;
+    let mut replies = Vec::new();
     let admin = &mut redis.conn().await;
     let _: () = raw(admin, &mut redis::cmd("FLUSHALL")).await;
     let mut conns = [redis.conn().await, redis.conn().await];
-    let time: (String, String) = raw(admin, &mut redis::cmd("TIME")).await;
-    let started = Instant::now();
-    let t0 =
-        time.0.parse::<u64>().unwrap_or(0) * 1_000 + time.1.parse::<u64>().unwrap_or(0) / 1_000;
-    let model_now = || Millis(t0 + u64::try_from(started.elapsed().as_millis()).unwrap_or(0));
     let mut model = Keyspace::new();
-    for (i, (conn, command)) in sequence.iter().enumerate() {
-        let conn_id = ConnId(u32::from(*conn));
+    for (i, step) in sequence.iter().enumerate() {
+        let (conn, command) = match step {
+            Step::Advance(ms) => {
+                clock.set_ms(clock.ms() + ms)?;
+                continue;
+            }
+            Step::Run(conn, command) => (*conn, command),
+        };
+        let conn_id = ConnId(u32::from(conn));
         if matches!(command, Command::Transaction(_)) && model.in_multi(conn_id) {
             // A pipelined MULTI..EXEC inside an open MULTI: the client library
             // reports the nested MULTI's error instead of EXEC's reply, which
             // says nothing about Redis. Not generated by any protocol.
             continue;
         }
-        let command = at_time(command, t0);
-        let real = match wire::execute_reply(&mut conns[usize::from(*conn)], &command).await {
+        let real = match wire::execute_reply(&mut conns[usize::from(conn)], command).await {
             Ok(reply) => reply,
             Err(e) => return Err(format!("step {i}: connection error {e}")),
         };
-        let expected = model.execute(conn_id, model_now(), &command);
+        let expected = model.execute(conn_id, Millis(clock.ms()), command);
         if !same_reply(&real, &expected) {
             return Err(format!(
                 "step {i} on conn {conn}: {command:?}\n  redis: {real:?}\n  model: {expected:?}"
             ));
         }
+        replies.push(real);
     }
     let real = dump_real(admin).await;
-    let now = model_now();
-    let expected = dump_model(&model, now);
-    let now_ms = i64::try_from(now.get()).unwrap_or(i64::MAX);
-    if !same_dump(&real, &expected, now_ms) {
+    let expected = dump_model(&model, Millis(clock.ms()));
+    if real != expected {
         return Err(format!(
             "final state\n  redis: {real:?}\n  model: {expected:?}"
         ));
     }
-    Ok(())
+    Ok(replies)
 }
 
 fn cases() -> u32 {
@@ -436,36 +347,135 @@ fn cases() -> u32 {
         .max(if in_ci() { 1_000 } else { 1 })
 }
 
-#[test]
-fn the_keyspace_model_gives_the_same_replies_and_state_as_redis() {
-    let Some(redis) = redis_or_skip("conformance") else {
-        return;
+/// A server with a frozen clock at [`T0`], its clock, and a runtime, with
+/// every script loaded (so that EVALSHA finds them even when it is queued
+/// inside a MULTI, where no NOSCRIPT fallback is possible); or `None` after
+/// a loud skip outside CI.
+fn frozen_redis_or_skip(test: &str) -> Option<(RedisServer, FrozenClock, tokio::runtime::Runtime)> {
+    let library = libfaketime_or_skip(test)?;
+    let clock = FrozenClock::new(library, T0).expect("a clock file");
+    let redis = match RedisServer::start_frozen(&clock) {
+        Ok(redis) => redis,
+        Err(reason) if in_ci() => {
+            panic!("{test}: a libc-malloc redis-server is required under CI: {reason}")
+        }
+        Err(reason) => {
+            eprintln!("\n*** SKIPPED {test}: no libc-malloc redis-server: {reason} ***\n");
+            return None;
+        }
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     let mut admin = rt.block_on(redis.conn());
-    // Load every script once, so that EVALSHA finds them even when it is
-    // queued inside a MULTI (where no NOSCRIPT fallback is possible).
     for script in Script::ALL {
         let _: String = rt.block_on(raw(
             &mut admin,
             redis::cmd("SCRIPT").arg("LOAD").arg(script.lua()),
         ));
     }
+    Some((redis, clock, rt))
+}
+
+#[test]
+fn the_keyspace_model_gives_the_same_replies_and_state_as_redis() {
+    let Some((redis, clock, rt)) = frozen_redis_or_skip("conformance") else {
+        return;
+    };
     let mut runner = TestRunner::new(PropConfig {
         cases: cases(),
         failure_persistence: None,
         ..PropConfig::default()
     });
+    // The runner takes a `Fn`; each case has the clock to itself.
+    let clock = std::cell::RefCell::new(clock);
     let result = runner.run(&sequence(), |seq| {
-        rt.block_on(run_sequence(&redis, &seq))
+        rt.block_on(run_sequence(&redis, &mut clock.borrow_mut(), &seq))
+            .map(drop)
             .map_err(TestCaseError::fail)
     });
     if let Err(e) = result {
         panic!("the keyspace model diverges from Redis: {e}");
     }
+}
+
+/// The clock is exact: a key set with `PX 1` is live at its deadline and
+/// gone a millisecond later, a permit of a 1 ms lease likewise, in Redis
+/// and in the model alike. A model whose keys expired at the deadline
+/// (`now >= deadline`) fails here and in the random sequences above; with
+/// the unfrozen clock these tests had before, neither could tell.
+#[test]
+fn expiry_is_compared_to_the_millisecond() {
+    let Some((redis, clock, rt)) = frozen_redis_or_skip("conformance at the deadline") else {
+        return;
+    };
+    let mut clock = clock;
+    let get = |key: &str| {
+        Step::Run(
+            0,
+            Command::Get {
+                key: key.to_owned(),
+            },
+        )
+    };
+    let permits = || "{k}:b".to_owned();
+    let sequence = vec![
+        Step::Run(
+            0,
+            Command::Set {
+                key: "{k}".to_owned(),
+                value: "t1".to_owned(),
+                condition: SetCondition::Always,
+                expiry: SetExpiry::Px(1),
+                get: false,
+            },
+        ),
+        Step::Run(
+            1,
+            Command::Eval {
+                script: Script::LeaseAcquire,
+                keys: vec![permits(), "{k}:a".to_owned(), "{k}:limit".to_owned()],
+                args: vec!["t2".to_owned(), "1".to_owned(), "2".to_owned()],
+            },
+        ),
+        Step::Advance(1),
+        get("{k}"),
+        Step::Run(
+            0,
+            Command::ZScore {
+                key: permits(),
+                member: "t2".to_owned(),
+            },
+        ),
+        Step::Advance(1),
+        get("{k}"),
+        // The renewal prunes the permit first: its deadline has passed.
+        Step::Run(
+            1,
+            Command::Eval {
+                script: Script::LeaseRenew,
+                keys: vec![permits()],
+                args: vec!["t2".to_owned(), "100000".to_owned()],
+            },
+        ),
+    ];
+    let replies = rt
+        .block_on(run_sequence(&redis, &mut clock, &sequence))
+        .unwrap_or_else(|e| panic!("the keyspace model diverges from Redis: {e}"));
+    let bulk = |s: &str| Reply::Bulk(s.to_owned());
+    assert_eq!(
+        replies,
+        [
+            Reply::ok(),
+            Reply::Int(1),
+            bulk("t1"),
+            bulk(&(T0 + 1).to_string()),
+            Reply::Nil,
+            Reply::Int(0),
+        ],
+        "Redis' replies at the deadline and a millisecond after it"
+    );
 }
 
 /// The one divergence the random sequences found: Redis 7 appends
@@ -476,7 +486,7 @@ fn the_keyspace_model_gives_the_same_replies_and_state_as_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "keyspace model divergence: script error texts lack Redis 7's ' script: <sha>, on @user_script:N.' suffix"]
 async fn script_errors_carry_redis_suffix() {
-    let Some(redis) = redis_or_skip("script error suffix") else {
+    let Some(redis) = lockwright_tests::redis_or_skip("script error suffix") else {
         return;
     };
     let mut conn = redis.conn().await;
