@@ -251,7 +251,8 @@ fn check_pairs(
                     });
                 }
             }
-            let run = pairs::pair_run(p, pair, threads, cache.as_ref())?;
+            // The table shows each new violation's shortest counterexample.
+            let run = pairs::pair_run(p, pair, threads, true, cache.as_ref())?;
             states += run.states;
             let (first, second) = (&singles[&(p, pair.first())], &singles[&(p, pair.second())]);
             let new = PairCell::new(pair, &run, first, second);

@@ -39,12 +39,15 @@ pub fn pair_model(
 /// Every property of `protocol` under `pair`, one run per group of
 /// [`matrix::standard_groups`]. With a `cache`, as [`matrix::standard_run`]
 /// does it (one thread, the model's own invariants on in the progress run,
-/// shortest counterexamples; read back when stored); without, with `threads` and
-/// the shortest counterexamples. The cells' `fault` is the pair's first.
+/// shortest counterexamples; read back when stored); without, with `threads`,
+/// and with the shortest counterexamples when `shortest` says so (a caller
+/// that wants the verdicts alone saves their searches). The cells' `fault`
+/// is the pair's first.
 pub fn pair_run(
     protocol: ProtocolId,
     pair: FaultPair,
     threads: usize,
+    shortest: bool,
     cache: Option<&Cache>,
 ) -> Result<Run, CheckError> {
     let mut runs = Vec::new();
@@ -55,7 +58,7 @@ pub fn pair_run(
                 model.sanity = matrix::checks_invariants(&group);
                 cache.run(model)?
             }
-            None => matrix::check_model(model, threads.max(1), true)?,
+            None => matrix::check_model(model, threads.max(1), shortest)?,
         });
     }
     let run = Run::merge(runs);

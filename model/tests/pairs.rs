@@ -33,7 +33,7 @@ fn a_pair_loses_what_either_fault_loses_alone() {
         (Fault::Restart, Fault::Crash, &restart, &crash),
     ] {
         let pair = FaultPair::new(a, b).unwrap();
-        let run = pairs::pair_run(p, pair, 2, None).unwrap();
+        let run = pairs::pair_run(p, pair, 2, false, None).unwrap();
         let cells = PairCell::new(pair, &run, first, second);
         assert_eq!(
             verdict(&run, PropertyId::MutualExclusion),
@@ -229,7 +229,7 @@ fn the_pairs_doc_matches_the_checker_for_set_px_lua() {
         let mut in_doc: Vec<&str> = cells[column].split_whitespace().collect();
         in_doc.retain(|c| *c != "ok");
         in_doc.sort_unstable();
-        let run = pairs::pair_run(p, pair, 2, None).expect("checks");
+        let run = pairs::pair_run(p, pair, 2, false, None).expect("checks");
         let (first, second) = (single(pair.first()), single(pair.second()));
         let mut computed: Vec<String> = PairCell::new(pair, &run, &first, &second)
             .iter()
