@@ -12,9 +12,10 @@
 # No registry is needed: nothing is pulled. Idempotent: it does nothing when
 # the image and the compiled binary already exist (FORCE=1 rebuilds it); the
 # binary is kept under $LOCKWRIGHT_CACHE (default
-# ~/.cache/lockwright/redis-faketime) as redis-server-<version>-libc, where
-# the conformance test (tests/tests/conformance.rs) runs it on the host
-# under libfaketime with a frozen clock.
+# ~/.cache/lockwright/redis-faketime) as redis-server-<version>-libc, linked
+# as redis-server-libc, where the conformance test
+# (tests/tests/conformance.rs) runs it on the host under libfaketime with a
+# frozen clock.
 #
 # Environment:
 #   LOCKWRIGHT_REDIS_IMAGE  image tag (default lockwright/redis-faketime:7)
@@ -32,17 +33,18 @@ START=$(date +%s)
 say() { printf '[build-redis-image %3ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 die() { say "ERROR: $*" >&2; exit 1; }
 
-command -v docker >/dev/null || die "docker CLI not found"
-docker info >/dev/null 2>&1 || die "Docker daemon not reachable"
+# Docker is needed for the image, not for the host binary: without it the
+# binary is still compiled (the conformance test runs it), then the script
+# stops before the image.
+docker_ok=1
+{ command -v docker >/dev/null && docker info >/dev/null 2>&1; } || docker_ok=0
 
-if [[ "${FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1 \
-    && compgen -G "$CACHE/redis-server-*-libc" >/dev/null; then
-    say "image $IMAGE and $(ls "$CACHE"/redis-server-*-libc | tail -1) already exist (FORCE=1 rebuilds them); nothing to do"
+if [[ "${FORCE:-0}" != 1 && $docker_ok == 1 && -x "$CACHE/redis-server-libc" ]] \
+    && docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    say "image $IMAGE and $CACHE/redis-server-libc already exist (FORCE=1 rebuilds them); nothing to do"
     exit 0
 fi
 
-mkdir -p "$CACHE"
-cd "$CACHE"
 
 # --- 1. Debian source package of redis -------------------------------------
 have_deb_src() {
@@ -85,6 +87,8 @@ if ! have_deb_src; then
 fi
 # `.ci/run` adds the source entry first so that one `apt-get update` serves all.
 [[ "${1:-}" == --add-sources-only ]] && exit 0
+mkdir -p "$CACHE"
+cd "$CACHE"
 if ! grep -q '^Package: redis' <(apt-cache showsrc redis 2>/dev/null); then
     say "apt-get update (source indexes)"
     apt-get update -qq || die "apt-get update failed"
@@ -119,6 +123,12 @@ else
     say "using cached $BIN"
 fi
 "$BIN" --version
+# A stable name for the host's tests (tests/src/lib.rs, find_redis_server_libc).
+ln -sfn "$(basename "$BIN")" "$CACHE/redis-server-libc"
+say "linked $CACHE/redis-server-libc -> $(basename "$BIN")"
+if [[ $docker_ok != 1 ]]; then
+    die "docker CLI not found or Docker daemon not reachable: the host binary is built, the image is not"
+fi
 
 # --- 2. libfaketime from the Debian binary package --------------------------
 FAKETIME_LIB=usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1

@@ -41,7 +41,7 @@ pub fn find_redis_server() -> Result<PathBuf, String> {
 /// The `redis-server` built with libc's malloc that
 /// `.ci/build-redis-image.sh` compiles for the chaos image and keeps in its
 /// cache (`$LOCKWRIGHT_CACHE`, by default `~/.cache/lockwright/redis-faketime`,
-/// as `redis-server-<version>-libc`), or the file `LOCKWRIGHT_REDIS_LIBC`
+/// linked as `redis-server-libc`), or the file `LOCKWRIGHT_REDIS_LIBC`
 /// names. libfaketime runs under it (it does not start under jemalloc).
 pub fn find_redis_server_libc() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("LOCKWRIGHT_REDIS_LIBC") {
@@ -55,29 +55,21 @@ pub fn find_redis_server_libc() -> Result<PathBuf, String> {
             ))
         };
     }
-    let cache = match std::env::var_os("LOCKWRIGHT_CACHE") {
+    let cache = match std::env::var_os("LOCKWRIGHT_CACHE").filter(|dir| !dir.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
             .join(".cache/lockwright/redis-faketime"),
     };
-    let mut found: Vec<PathBuf> = std::fs::read_dir(&cache)
-        .map_err(|e| format!("{}: {e}", cache.display()))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            path.is_file()
-                && path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("redis-server-") && n.ends_with("-libc"))
-        })
-        .collect();
-    found.sort();
-    found.pop().ok_or_else(|| {
-        format!(
-            "no redis-server-<version>-libc in {} (.ci/build-redis-image.sh builds it)",
-            cache.display()
-        )
-    })
+    // The script points this link at the binary it last built or found.
+    let path = cache.join("redis-server-libc");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "no {} (.ci/build-redis-image.sh builds it)",
+            path.display()
+        ))
+    }
 }
 
 fn free_port() -> Result<u16, String> {
@@ -245,6 +237,8 @@ impl RedisServer {
             let (args, files) = make(port)?;
             let child = Command::new(binary)
                 .args(&args)
+                // An inherited FAKETIME would override a clock file.
+                .env_remove("FAKETIME")
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

@@ -36,8 +36,8 @@ const T0: u64 = 1_800_000_000_123;
 /// `PXAT` deadlines: 100 s before T0, and 100 s after it.
 const PXATS: [u64; 2] = [T0 - 100_000, T0 + 100_000];
 /// How far an `Advance` step moves the clock: to a TTL of 1 ms and past
-/// it, past the short TTLs, and past every long one.
-const ADVANCES: [u64; 4] = [1, 2, 5, 150_000];
+/// it, past the short TTLs, and past every long one (200 s at most).
+const ADVANCES: [u64; 4] = [1, 2, 5, 250_000];
 
 fn key() -> impl Strategy<Value = String> {
     prop::sample::select(&KEYS[..]).prop_map(str::to_owned)
@@ -401,8 +401,9 @@ fn the_keyspace_model_gives_the_same_replies_and_state_as_redis() {
 }
 
 /// The clock is exact: a key set with `PX 1` is live at its deadline and
-/// gone a millisecond later, a permit of a 1 ms lease likewise, in Redis
-/// and in the model alike. A model whose keys expired at the deadline
+/// gone a millisecond later, and a permit of a 1 ms lease is kept by a
+/// renewal at its deadline and pruned by one after it, in Redis and in the
+/// model alike. A model whose keys expired at the deadline
 /// (`now >= deadline`) fails here and in the random sequences above; with
 /// the unfrozen clock these tests had before, neither could tell.
 #[test]
@@ -420,6 +421,16 @@ fn expiry_is_compared_to_the_millisecond() {
         )
     };
     let permits = || "{k}:b".to_owned();
+    let renew = |ttl: &str| {
+        Step::Run(
+            1,
+            Command::Eval {
+                script: Script::LeaseRenew,
+                keys: vec![permits()],
+                args: vec!["t2".to_owned(), ttl.to_owned()],
+            },
+        )
+    };
     let sequence = vec![
         Step::Run(
             0,
@@ -448,17 +459,14 @@ fn expiry_is_compared_to_the_millisecond() {
                 member: "t2".to_owned(),
             },
         ),
+        // At its deadline the permit is kept (pruned below `now` only):
+        // renewed, to a deadline 1 ms later.
+        renew("1"),
         Step::Advance(1),
         get("{k}"),
-        // The renewal prunes the permit first: its deadline has passed.
-        Step::Run(
-            1,
-            Command::Eval {
-                script: Script::LeaseRenew,
-                keys: vec![permits()],
-                args: vec!["t2".to_owned(), "100000".to_owned()],
-            },
-        ),
+        // Past its deadline the renewal prunes the permit first.
+        Step::Advance(2),
+        renew("100000"),
     ];
     let replies = rt
         .block_on(run_sequence(&redis, &mut clock, &sequence))
@@ -471,6 +479,7 @@ fn expiry_is_compared_to_the_millisecond() {
             Reply::Int(1),
             bulk("t1"),
             bulk(&(T0 + 1).to_string()),
+            Reply::Int(1),
             Reply::Nil,
             Reply::Int(0),
         ],
