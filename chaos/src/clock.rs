@@ -67,6 +67,12 @@ impl FakeClock {
         &self.dir
     }
 
+    /// The file libfaketime reads (`FAKETIME_TIMESTAMP_FILE`), for a process
+    /// on the host.
+    pub fn file(&self) -> PathBuf {
+        self.dir.join(OFFSET_FILE)
+    }
+
     /// The current offset from the real time, in milliseconds.
     pub fn offset_ms(&self) -> i64 {
         self.offset_ms
@@ -139,7 +145,7 @@ pub(crate) fn faketime_absolute(ms: u64) -> String {
 /// The environment that makes libfaketime read a [`FakeClock::frozen`] file:
 /// absolute readings in seconds since the epoch, and the monotonic clock
 /// left alone.
-pub(crate) fn frozen_env() -> [(&'static str, &'static str); 2] {
+pub fn frozen_env() -> [(&'static str, &'static str); 2] {
     [
         ("FAKETIME_FMT", "%s"),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),

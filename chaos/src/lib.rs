@@ -201,7 +201,7 @@ pub mod report;
 
 use std::time::Duration;
 
-pub use clock::FakeClock;
+pub use clock::{frozen_env, FakeClock};
 pub use history::{History, Observed, Op};
 pub use node::{
     default_image, NodeOptions, Persistence, RedisNode, FAKETIME_DIR, IMAGE_NAME, IMAGE_TAG,

@@ -8,6 +8,7 @@
 //! the handle drops. Outside CI a missing `redis-server` skips the test with a
 //! loud message; with `CI=true` it is a failure.
 
+use lockwright_chaos::FakeClock;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -162,19 +163,24 @@ impl RedisServer {
     }
 
     /// A plain server whose wall clock stands still where `clock` puts it
-    /// (libfaketime, [`FrozenClock`]): `TIME`, expiry and every script
-    /// read `clock`'s reading; its monotonic clock runs, so its timers work
-    /// as usual. The server is the libc-malloc build of
+    /// (a [`FakeClock::frozen`] read through `library`, see
+    /// [`libfaketime_or_skip`]): `TIME`, expiry and every script read
+    /// `clock`'s reading; its monotonic clock runs, so its timers work as
+    /// usual. The server is the libc-malloc build of
     /// [`find_redis_server_libc`]: libfaketime cannot start under jemalloc,
     /// which Debian's `redis-server` uses.
-    pub fn start_frozen(clock: &FrozenClock) -> Result<RedisServer, String> {
-        let env: [(&str, &std::ffi::OsStr); 5] = [
-            ("LD_PRELOAD", clock.library.as_ref()),
-            ("FAKETIME_TIMESTAMP_FILE", clock.file.as_os_str()),
+    pub fn start_frozen(library: &str, clock: &FakeClock) -> Result<RedisServer, String> {
+        let file = clock.file();
+        let mut env: Vec<(&str, &std::ffi::OsStr)> = vec![
+            ("LD_PRELOAD", library.as_ref()),
+            ("FAKETIME_TIMESTAMP_FILE", file.as_os_str()),
             ("FAKETIME_NO_CACHE", "1".as_ref()),
-            ("FAKETIME_FMT", "%s".as_ref()),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".as_ref()),
         ];
+        env.extend(
+            lockwright_chaos::frozen_env()
+                .into_iter()
+                .map(|(name, value)| (name, value.as_ref())),
+        );
         RedisServer::launch_binary(&find_redis_server_libc()?, &env, |port| {
             Ok((plain_args(port), Vec::new()))
         })
@@ -353,66 +359,6 @@ pub fn libfaketime_or_skip(test: &str) -> Option<&'static str> {
         );
     }
     found
-}
-
-/// A wall clock that stands still, for a server started with
-/// [`RedisServer::start_frozen`]: a libfaketime timestamp file holding an
-/// absolute reading, which libfaketime rereads at every clock call. The
-/// file's directory is removed on drop.
-#[derive(Debug)]
-pub struct FrozenClock {
-    library: &'static str,
-    dir: PathBuf,
-    file: PathBuf,
-    ms: u64,
-}
-
-impl FrozenClock {
-    /// A clock standing at `ms` milliseconds since the epoch, read through
-    /// `library` (see [`libfaketime_or_skip`]).
-    pub fn new(library: &'static str, ms: u64) -> Result<FrozenClock, String> {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("lockwright-tests-clock-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        let file = dir.join("reading");
-        let mut clock = FrozenClock {
-            library,
-            dir,
-            file,
-            ms,
-        };
-        clock.set_ms(ms)?;
-        Ok(clock)
-    }
-
-    /// The reading, in milliseconds since the epoch.
-    pub fn ms(&self) -> u64 {
-        self.ms
-    }
-
-    /// Moves the reading to `ms` (written to a temporary file and renamed
-    /// into place, so that libfaketime never reads half a reading).
-    pub fn set_ms(&mut self, ms: u64) -> Result<(), String> {
-        // Seconds since the epoch with a fraction (`FAKETIME_FMT=%s`).
-        // libfaketime turns the fraction into nanoseconds through a double
-        // and truncates, so half a microsecond more keeps the reading on
-        // its millisecond and its whole microsecond.
-        let text = format!("{}.{:03}0005\n", ms / 1000, ms % 1000);
-        let temporary = self.dir.join("reading.tmp");
-        std::fs::write(&temporary, text)
-            .and_then(|()| std::fs::rename(&temporary, &self.file))
-            .map_err(|e| format!("write {}: {e}", self.file.display()))?;
-        self.ms = ms;
-        Ok(())
-    }
-}
-
-impl Drop for FrozenClock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// Start a server for `test`, or skip: outside CI a missing `redis-server`

@@ -7,7 +7,7 @@
 //! connections take part (WATCH on one, writes on the other).
 //!
 //! Time is exact: the server runs under libfaketime with its wall clock
-//! frozen ([`FrozenClock`]), and the model is given the same reading. A
+//! frozen ([`FakeClock::frozen`]), and the model is given the same reading. A
 //! sequence starts at [`T0`] and moves both clocks forward only by its own
 //! `Advance` steps (a millisecond, a few, or past every TTL), so expiry at
 //! the boundary (`now > deadline`), the deadlines the lease scripts store
@@ -17,13 +17,14 @@
 //!
 //! `CI=true` runs 1,000 sequences; locally 100 (or `LOCKWRIGHT_CONFORMANCE_CASES`).
 
+use lockwright_chaos::FakeClock;
 use lockwright_core::keyspace::script::release_args;
 use lockwright_core::keyspace::{
     Command, ConnId, Keyspace, Reply, ScoreBound, Script, SetCondition, SetExpiry, Value,
 };
 use lockwright_core::Millis;
 use lockwright_redis::wire;
-use lockwright_tests::{in_ci, libfaketime_or_skip, raw, FrozenClock, RedisServer};
+use lockwright_tests::{in_ci, libfaketime_or_skip, raw, RedisServer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 use std::collections::BTreeMap;
@@ -292,10 +293,16 @@ async fn dump_real(conn: &mut redis::aio::MultiplexedConnection) -> Dump {
 
 async fn run_sequence(
     redis: &RedisServer,
-    clock: &mut FrozenClock,
+    clock: &mut FakeClock,
     sequence: &[Step],
 ) -> Result<Vec<Reply>, String> {
-    clock.set_ms(T0)?;
+    let mut now = T0;
+    let mut set_clock = |ms: u64| {
+        clock
+            .set_frozen_ms(ms)
+            .map_err(|e| format!("the clock file: {e}"))
+    };
+    set_clock(now)?;
     let mut replies = Vec::new();
     let admin = &mut redis.conn().await;
     let _: () = raw(admin, &mut redis::cmd("FLUSHALL")).await;
@@ -304,7 +311,8 @@ async fn run_sequence(
     for (i, step) in sequence.iter().enumerate() {
         let (conn, command) = match step {
             Step::Advance(ms) => {
-                clock.set_ms(clock.ms() + ms)?;
+                now += ms;
+                set_clock(now)?;
                 continue;
             }
             Step::Run(conn, command) => (*conn, command),
@@ -320,7 +328,7 @@ async fn run_sequence(
             Ok(reply) => reply,
             Err(e) => return Err(format!("step {i}: connection error {e}")),
         };
-        let expected = model.execute(conn_id, Millis(clock.ms()), command);
+        let expected = model.execute(conn_id, Millis(now), command);
         if !same_reply(&real, &expected) {
             return Err(format!(
                 "step {i} on conn {conn}: {command:?}\n  redis: {real:?}\n  model: {expected:?}"
@@ -329,7 +337,7 @@ async fn run_sequence(
         replies.push(real);
     }
     let real = dump_real(admin).await;
-    let expected = dump_model(&model, Millis(clock.ms()));
+    let expected = dump_model(&model, Millis(now));
     if real != expected {
         return Err(format!(
             "final state\n  redis: {real:?}\n  model: {expected:?}"
@@ -351,10 +359,11 @@ fn cases() -> u32 {
 /// every script loaded (so that EVALSHA finds them even when it is queued
 /// inside a MULTI, where no NOSCRIPT fallback is possible); or `None` after
 /// a loud skip outside CI.
-fn frozen_redis_or_skip(test: &str) -> Option<(RedisServer, FrozenClock, tokio::runtime::Runtime)> {
+fn frozen_redis_or_skip(test: &str) -> Option<(RedisServer, FakeClock, tokio::runtime::Runtime)> {
     let library = libfaketime_or_skip(test)?;
-    let clock = FrozenClock::new(library, T0).expect("a clock file");
-    let redis = match RedisServer::start_frozen(&clock) {
+    let mut clock = FakeClock::frozen().expect("a clock file");
+    clock.set_frozen_ms(T0).expect("a clock file");
+    let redis = match RedisServer::start_frozen(library, &clock) {
         Ok(redis) => redis,
         Err(reason) if in_ci() => {
             panic!("{test}: a libc-malloc redis-server is required under CI: {reason}")
