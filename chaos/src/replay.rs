@@ -51,8 +51,7 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use lockwright_core::keyspace::script::strip_script_location;
-use lockwright_core::keyspace::{Entry, Reply, Value};
+use lockwright_core::keyspace::{Entry, Value};
 use lockwright_core::rng::SplitMix64;
 use lockwright_core::ProtocolId;
 use lockwright_core::{Millis, Outcome};
@@ -1248,7 +1247,6 @@ impl Run<'_> {
             self.report.requests += 1;
             self.send(client, node, &request.command).await
         };
-        let (expected, observed) = (normalize(expected), normalize(observed));
         self.report.log.push(format!(
             "        model: {} | Redis: {}",
             outcome_text(&expected),
@@ -1579,21 +1577,6 @@ async fn read_keyspace(
         out.insert(key, Entry { value, expires_at });
     }
     Ok(out)
-}
-
-/// Errors raised inside scripts carry their location in real Redis only.
-fn normalize(outcome: Outcome) -> Outcome {
-    fn reply(r: Reply) -> Reply {
-        match r {
-            Reply::Error(e) => Reply::Error(strip_script_location(&e).to_owned()),
-            Reply::Array(items) => Reply::Array(items.into_iter().map(reply).collect()),
-            other => other,
-        }
-    }
-    match outcome {
-        Outcome::Reply(r) => Outcome::Reply(reply(r)),
-        Outcome::Unknown => Outcome::Unknown,
-    }
 }
 
 fn outcome_text(outcome: &Outcome) -> String {

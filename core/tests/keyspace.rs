@@ -32,6 +32,18 @@ fn wrongtype() -> Reply {
     err(WRONGTYPE)
 }
 
+/// `error` raised inside `script` at `line` of its Lua source, with the
+/// location Redis 7 appends (the lines are read off [`Script::lua`]).
+fn raised(script: Script, line: u32, error: Reply) -> Reply {
+    match error {
+        Reply::Error(text) => Reply::Error(format!(
+            "{text} script: {}, on @user_script:{line}.",
+            script.sha1()
+        )),
+        other => panic!("not an error: {other:?}"),
+    }
+}
+
 fn status(x: &str) -> Reply {
     Reply::Status(s(x).into())
 }
@@ -1239,7 +1251,10 @@ fn compare_and_delete_paths() {
     assert_eq!(n.run(cad("other")), Reply::Int(1));
     assert_eq!(n.run(get("lock")), Reply::Nil);
     n.run(hset("lock", "f"));
-    assert_eq!(n.run(cad("me")), wrongtype());
+    assert_eq!(
+        n.run(cad("me")),
+        raised(Script::CompareAndDelete, 1, wrongtype())
+    );
 }
 
 #[test]
@@ -1254,13 +1269,20 @@ fn compare_and_pexpire_paths() {
     assert_eq!(n.run(pttl("lock")), Reply::Int(500));
     assert_eq!(
         n.run(cap("me", "soon")),
-        err("ERR value is not an integer or out of range")
+        raised(
+            Script::CompareAndPExpire,
+            2,
+            err("ERR value is not an integer or out of range")
+        )
     );
     n.run(sadd("lock", &["x"]));
     // SADD on a string is refused; make the key a set first.
     n.run(del(&["lock"]));
     n.run(sadd("lock", &["x"]));
-    assert_eq!(n.run(cap("me", "500")), wrongtype());
+    assert_eq!(
+        n.run(cap("me", "500")),
+        raised(Script::CompareAndPExpire, 1, wrongtype())
+    );
 }
 
 #[test]
@@ -1293,7 +1315,7 @@ fn reentrant_lock_paths() {
     n.run(set("str", "v"));
     assert_eq!(
         n.run(eval(Script::ReentrantLock, &["str"], &["300", "me"])),
-        wrongtype()
+        raised(Script::ReentrantLock, 1, wrongtype())
     );
 }
 
@@ -1302,7 +1324,11 @@ fn reentrant_lock_with_a_bad_ttl_fails_after_counting_like_redis() {
     let mut n = Node::new();
     assert_eq!(
         n.run(eval(Script::ReentrantLock, &["h"], &["soon", "me"])),
-        err("ERR value is not an integer or out of range")
+        raised(
+            Script::ReentrantLock,
+            3,
+            err("ERR value is not an integer or out of range")
+        )
     );
     // Redis does not roll back the HINCRBY that ran before the error.
     assert_eq!(
@@ -1332,7 +1358,7 @@ fn reentrant_unlock_paths() {
     n.run(set("str", "v"));
     assert_eq!(
         n.run(eval(Script::ReentrantUnlock, &["str"], &["300", "me"])),
-        wrongtype()
+        raised(Script::ReentrantUnlock, 1, wrongtype())
     );
 }
 
@@ -1362,11 +1388,19 @@ fn fenced_acquire_paths() {
     assert_eq!(n.run(get("lock")), bulk("b"));
     assert_eq!(
         n.at(1_300).run(acquire("c", "0")),
-        err("ERR invalid expire time in 'set' command")
+        raised(
+            Script::FencedAcquire,
+            5,
+            err("ERR invalid expire time in 'set' command")
+        )
     );
     assert_eq!(
         n.run(acquire("c", "x")),
-        err("ERR value is not an integer or out of range")
+        raised(
+            Script::FencedAcquire,
+            5,
+            err("ERR value is not an integer or out of range")
+        )
     );
 }
 
@@ -1380,7 +1414,7 @@ fn fenced_acquire_with_a_wrong_type_fence_leaves_no_lock_like_redis() {
             &["lock", "fence"],
             &["a", "100"]
         )),
-        wrongtype()
+        raised(Script::FencedAcquire, 4, wrongtype())
     );
     // The fence is issued before the lock key is set: no fence, no lock.
     assert_eq!(n.run(get("lock")), Reply::Nil);
@@ -1415,7 +1449,11 @@ fn time_fenced_acquire_issues_the_larger_of_counter_and_clock_and_survives_a_res
             &["lock2", "fence"],
             &["f", "0"]
         )),
-        err("ERR invalid expire time in 'set' command")
+        raised(
+            Script::TimeFencedAcquire,
+            11,
+            err("ERR invalid expire time in 'set' command")
+        )
     );
 }
 
@@ -1473,11 +1511,18 @@ fn lease_acquire_drops_permits_whose_deadline_has_passed() {
 fn lease_acquire_errors() {
     let mut n = Node::new();
     n.run(set("permits", "v"));
-    assert_eq!(n.run(lease_acquire("a", "100", "1")), wrongtype());
+    assert_eq!(
+        n.run(lease_acquire("a", "100", "1")),
+        raised(Script::LeaseAcquire, 3, wrongtype())
+    );
     let mut n = Node::new();
     assert_eq!(
         n.run(lease_acquire("a", "100", "many")),
-        err("ERR user_script:9: attempt to compare number with nil")
+        raised(
+            Script::LeaseAcquire,
+            9,
+            err("ERR user_script:9: attempt to compare number with nil")
+        )
     );
     assert_eq!(
         n.run(get("limit")),
@@ -1487,7 +1532,11 @@ fn lease_acquire_errors() {
     let mut n = Node::new();
     assert_eq!(
         n.run(lease_acquire("a", "soon", "1")),
-        err("ERR user_script:11: attempt to perform arithmetic on a nil value")
+        raised(
+            Script::LeaseAcquire,
+            11,
+            err("ERR user_script:11: attempt to perform arithmetic on a nil value")
+        )
     );
     assert_eq!(
         n.run(get("fence")),
@@ -1506,7 +1555,10 @@ fn lease_release_paths() {
     assert_eq!(n.run(release("a")), Reply::Int(1));
     assert_eq!(n.ks.get_entry("permits"), None);
     n.run(set("permits", "v"));
-    assert_eq!(n.run(release("a")), wrongtype());
+    assert_eq!(
+        n.run(release("a")),
+        raised(Script::LeaseRelease, 1, wrongtype())
+    );
 }
 
 #[test]
@@ -1527,10 +1579,13 @@ fn lease_renew_paths() {
 fn scripts_with_missing_keys_or_args_fail_like_redis_lua() {
     let mut n = Node::new();
     let nil_arg = err("ERR Lua redis lib command arguments must be strings or integers");
-    assert_eq!(n.run(eval(Script::CompareAndDelete, &[], &["a"])), nil_arg);
+    assert_eq!(
+        n.run(eval(Script::CompareAndDelete, &[], &["a"])),
+        raised(Script::CompareAndDelete, 1, nil_arg.clone())
+    );
     assert_eq!(
         n.run(eval(Script::ReentrantRenew, &["h"], &["300"])),
-        nil_arg
+        raised(Script::ReentrantRenew, 1, nil_arg)
     );
     // A nil ARGV[1] compares unequal: no error.
     assert_eq!(
@@ -1722,12 +1777,20 @@ fn time_fenced_lease_acquire_errors_name_the_lines_of_its_text() {
     let mut n = Node::new();
     assert_eq!(
         n.run(time_fenced_lease_acquire("a", "100", "many")),
-        err("ERR user_script:9: attempt to compare number with nil")
+        raised(
+            Script::TimeFencedLeaseAcquire,
+            9,
+            err("ERR user_script:9: attempt to compare number with nil")
+        )
     );
     let mut n = Node::new();
     assert_eq!(
         n.run(time_fenced_lease_acquire("a", "soon", "1")),
-        err("ERR user_script:16: attempt to perform arithmetic on a nil value")
+        raised(
+            Script::TimeFencedLeaseAcquire,
+            16,
+            err("ERR user_script:16: attempt to perform arithmetic on a nil value")
+        )
     );
     assert_eq!(
         n.run(get("fence")),
@@ -1738,7 +1801,11 @@ fn time_fenced_lease_acquire_errors_name_the_lines_of_its_text() {
     n.run(set("fence", "x"));
     assert_eq!(
         n.run(time_fenced_lease_acquire("a", "100", "1")),
-        err("ERR value is not an integer or out of range")
+        raised(
+            Script::TimeFencedLeaseAcquire,
+            10,
+            err("ERR value is not an integer or out of range")
+        )
     );
     assert_eq!(
         n.run(zscore("permits", "a")),

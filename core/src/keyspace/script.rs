@@ -251,10 +251,10 @@ pub fn release_args(mut args: Vec<String>, notify: bool) -> Vec<String> {
     args
 }
 
-/// An error raised inside a script carries its location in real Redis:
-/// `WRONGTYPE Operation ... value script: <sha1>, on @user_script:1.`.
-/// This returns the error without that suffix, as the keyspace model
-/// reports it, so that the two can be compared.
+/// An error raised inside a script carries its location, in real Redis and
+/// in the keyspace model alike: `WRONGTYPE Operation ... value script:
+/// <sha1>, on @user_script:1.`. This returns the error without that
+/// suffix.
 pub fn strip_script_location(error: &str) -> &str {
     let Some(at) = error.rfind(" script: ") else {
         return error;
@@ -280,17 +280,60 @@ type Run = Result<Reply, Reply>;
 /// `ARGV[i]`).
 const NIL_ARGUMENT: &str = "ERR Lua redis lib command arguments must be strings or integers";
 
-/// One script execution: the keyspace, the time, `KEYS` and `ARGV`.
+/// One script execution: the keyspace, the time, `KEYS` and `ARGV`, and
+/// the line of the script's source it is at.
 struct Lua<'a> {
     keyspace: &'a mut Keyspace,
     now: u64,
     keys: &'a [String],
     args: &'a [String],
+    script: Script,
+    /// The source line being run (1-based), as Lua's `currentline`: an
+    /// error raised here is reported at it ([`Keyspace::run_script`]).
+    line: u32,
 }
 
 impl Lua<'_> {
-    /// `redis.call`: run a command, raise its error reply.
+    /// Move to the line of the script's `nth` (from 0) `redis.call('name'`
+    /// in source order. Every error raised until the next move (a nil
+    /// argument, a command's error reply, a Lua error on a nil number) is
+    /// reported at that line, as Redis reports it.
+    ///
+    /// A name the source does not call that often is a bug of the model's
+    /// meaning of the script; every script runs in the keyspace tests.
+    fn at(&mut self, name: &str, nth: usize) {
+        let needle = format!("redis.call('{name}'");
+        let line = self
+            .script
+            .lua()
+            .lines()
+            .enumerate()
+            .filter(|(_, text)| text.contains(&needle))
+            .nth(nth)
+            .map(|(i, _)| i + 1);
+        match line.and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => self.line = n,
+            None => panic!(
+                "{} has no redis.call('{name}') number {nth}",
+                self.script.name()
+            ),
+        }
+    }
+
+    /// `redis.call`: run a command, raise its error reply. It runs at the
+    /// current line ([`Lua::at`]), which must call it.
     fn call(&mut self, command: Command) -> Run {
+        #[cfg(debug_assertions)]
+        if let Some(argv) = command.argv() {
+            let needle = format!("redis.call('{}'", argv[0].to_ascii_lowercase());
+            let line = self.script.lua().lines().nth(self.line as usize - 1);
+            debug_assert!(
+                line.is_some_and(|l| l.contains(&needle)),
+                "{}: line {} does not run {needle}",
+                self.script.name(),
+                self.line
+            );
+        }
         match self.keyspace.apply(self.now, &command) {
             Reply::Error(e) => Err(Reply::Error(e)),
             reply => Ok(reply),
@@ -325,6 +368,7 @@ impl Lua<'_> {
 
     /// `redis.call('time')` as (seconds, microseconds).
     fn time(&mut self) -> Result<(i64, i64), Reply> {
+        self.at("time", 0);
         let reply = self.call(Command::Time)?;
         let part = |i: usize| match &reply {
             Reply::Array(items) => items.get(i).and_then(Reply::as_str).and_then(parse_i64),
@@ -344,8 +388,10 @@ impl Lua<'_> {
 }
 
 /// Lua's `tonumber` for the integers the scripts read; anything else
-/// becomes nil, and using nil raises the Lua error `what` at `line`.
-fn lua_number(value: Option<&str>, line: u32, what: &str) -> Result<i64, Reply> {
+/// becomes nil, and using nil raises the Lua error `what` at the current
+/// line ([`Lua::at`]).
+fn lua_number(lua: &Lua<'_>, value: Option<&str>, what: &str) -> Result<i64, Reply> {
+    let line = lua.line;
     value
         .and_then(|s| s.trim().parse::<i64>().ok())
         .ok_or_else(|| Reply::Error(format!("ERR user_script:{line}: {what}")))
@@ -363,7 +409,11 @@ fn is_one(reply: &Reply) -> bool {
 }
 
 impl Keyspace {
-    /// `EVAL` of a catalogue script: its meaning, atomically at `now`.
+    /// `EVAL` of a catalogue script: its meaning, atomically at `now`. An
+    /// error raised inside it ends it (its earlier writes stay) with Redis
+    /// 7's location suffix, ` script: <sha1>, on @user_script:<line>.`
+    /// (Redis' `luaCallFunction`: the error handler records the line of
+    /// the Lua code that raised it, or that made the `redis.call` which did).
     pub(super) fn run_script(
         &mut self,
         now: u64,
@@ -376,6 +426,8 @@ impl Keyspace {
             now,
             keys,
             args,
+            script,
+            line: 1,
         };
         let run = match script {
             Script::CompareAndDelete => compare_and_delete(&mut lua),
@@ -390,12 +442,20 @@ impl Keyspace {
             Script::LeaseRelease => lease_release(&mut lua),
             Script::LeaseRenew => lease_renew(&mut lua),
         };
-        run.unwrap_or_else(|error| error)
+        let line = lua.line;
+        run.unwrap_or_else(|error| match error {
+            Reply::Error(text) => Reply::Error(format!(
+                "{text} script: {}, on @user_script:{line}.",
+                script.sha1()
+            )),
+            other => other,
+        })
     }
 }
 
 /// `redis.call('get', KEYS[1]) == ARGV[1]` (a nil `ARGV[1]` equals nothing).
 fn holds_token(lua: &mut Lua<'_>) -> Result<bool, Reply> {
+    lua.at("get", 0);
     let key = lua.key(0)?;
     let current = lua.call(Command::Get { key })?;
     Ok(matches!((&current, lua.args.first()), (Reply::Bulk(v), Some(token)) if v == token))
@@ -405,11 +465,13 @@ fn compare_and_delete(lua: &mut Lua<'_>) -> Run {
     if !holds_token(lua)? {
         return Ok(Reply::Int(0));
     }
+    lua.at("del", 0);
     let key = lua.key(0)?;
     lua.call(Command::Del {
         keys: vec![key.clone()],
     })?;
     if lua.flag(1) {
+        lua.at("publish", 0);
         let message = lua.arg(0)?;
         lua.call(Command::Publish {
             channel: released(&key),
@@ -423,12 +485,14 @@ fn compare_and_pexpire(lua: &mut Lua<'_>) -> Run {
     if !holds_token(lua)? {
         return Ok(Reply::Int(0));
     }
+    lua.at("pexpire", 0);
     let key = lua.key(0)?;
     let millis = lua.int_arg(1)?;
     lua.call(Command::PExpire { key, millis })
 }
 
 fn reentrant_lock(lua: &mut Lua<'_>) -> Run {
+    lua.at("exists", 0);
     let key = lua.key(0)?;
     let free = lua.call(Command::Exists {
         keys: vec![key.clone()],
@@ -440,19 +504,23 @@ fn reentrant_lock(lua: &mut Lua<'_>) -> Run {
             field: owner.clone(),
         })?);
     if !grant {
+        lua.at("pttl", 0);
         return lua.call(Command::PTtl { key });
     }
+    lua.at("hincrby", 0);
     lua.call(Command::HIncrBy {
         key: key.clone(),
         field: owner,
         by: 1,
     })?;
+    lua.at("pexpire", 0);
     let millis = lua.int_arg(0)?;
     lua.call(Command::PExpire { key, millis })?;
     Ok(Reply::Nil)
 }
 
 fn reentrant_unlock(lua: &mut Lua<'_>) -> Run {
+    lua.at("hexists", 0);
     let key = lua.key(0)?;
     let owner = lua.arg(1)?;
     let held = lua.call(Command::HExists {
@@ -462,20 +530,24 @@ fn reentrant_unlock(lua: &mut Lua<'_>) -> Run {
     if held == Reply::Int(0) {
         return Ok(Reply::Nil);
     }
+    lua.at("hincrby", 0);
     let counter = lua.call(Command::HIncrBy {
         key: key.clone(),
         field: owner.clone(),
         by: -1,
     })?;
     if counter.as_int().is_some_and(|n| n > 0) {
+        lua.at("pexpire", 0);
         let millis = lua.int_arg(0)?;
         lua.call(Command::PExpire { key, millis })?;
         return Ok(Reply::Int(0));
     }
+    lua.at("del", 0);
     lua.call(Command::Del {
         keys: vec![key.clone()],
     })?;
     if lua.flag(2) {
+        lua.at("publish", 0);
         lua.call(Command::Publish {
             channel: released(&key),
             message: owner,
@@ -485,6 +557,7 @@ fn reentrant_unlock(lua: &mut Lua<'_>) -> Run {
 }
 
 fn reentrant_renew(lua: &mut Lua<'_>) -> Run {
+    lua.at("hexists", 0);
     let key = lua.key(0)?;
     let owner = lua.arg(1)?;
     let held = lua.call(Command::HExists {
@@ -494,6 +567,7 @@ fn reentrant_renew(lua: &mut Lua<'_>) -> Run {
     if !is_one(&held) {
         return Ok(Reply::Int(0));
     }
+    lua.at("pexpire", 0);
     let millis = lua.int_arg(0)?;
     lua.call(Command::PExpire { key, millis })?;
     Ok(Reply::Int(1))
@@ -513,6 +587,7 @@ fn fenced_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
     // The fence is issued before the key is set, so that a fence that
     // cannot be issued (a non-number at the fence key) leaves no lock key
     // behind: a script's error does not undo its earlier writes.
+    lua.at("exists", 0);
     let key = lua.key(0)?;
     if lua.call(Command::Exists {
         keys: vec![key.clone()],
@@ -525,6 +600,13 @@ fn fenced_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
         FenceSource::CounterOrClock => Some(lua.time_us()?),
     };
     let fence = issue_fence(lua, clock)?;
+    // The lock key's SET: the last `set` of the script (the time-fenced
+    // one stores a clock fence with an earlier one).
+    let sets = match source {
+        FenceSource::Counter => 0,
+        FenceSource::CounterOrClock => 1,
+    };
+    lua.at("set", sets);
     let value = lua.arg(0)?;
     // SET parses PX as an integer; a non-positive one is refused by SET
     // itself with "invalid expire time".
@@ -542,12 +624,17 @@ fn fenced_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
 /// `INCR` of the fence counter at `KEYS[2]`; with a clock reading in µs,
 /// a result below it is replaced by the reading, stored at the counter.
 fn issue_fence(lua: &mut Lua<'_>, clock_us: Option<i64>) -> Run {
+    lua.at("incr", 0);
     let fence_key = lua.key(1)?;
     let fence = lua.call(Command::Incr {
         key: fence_key.clone(),
     })?;
     match (clock_us, fence.as_int()) {
         (Some(now), Some(counted)) if counted < now => {
+            // The fence's SET: the first `set` of `time-fenced-acquire`,
+            // the second of `time-fenced-lease-acquire` (after the limit's).
+            let earlier = usize::from(lua.script == Script::TimeFencedLeaseAcquire);
+            lua.at("set", earlier);
             lua.call(Command::Set {
                 key: fence_key,
                 value: now.to_string(),
@@ -569,6 +656,7 @@ fn drop_expired_permits(lua: &mut Lua<'_>) -> Result<(i64, i64), Reply> {
     let (secs, micros) = lua.time()?;
     let now = secs.saturating_mul(1000).saturating_add(micros / 1000);
     let now_us = secs.saturating_mul(1_000_000).saturating_add(micros);
+    lua.at("zremrangebyscore", 0);
     let key = lua.key(0)?;
     lua.call(Command::ZRemRangeByScore {
         key,
@@ -580,12 +668,14 @@ fn drop_expired_permits(lua: &mut Lua<'_>) -> Result<(i64, i64), Reply> {
 
 fn lease_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
     let (now, now_us) = drop_expired_permits(lua)?;
+    lua.at("get", 0);
     let limit_key = lua.key(2)?;
     let limit = match lua.call(Command::Get {
         key: limit_key.clone(),
     })? {
         Reply::Bulk(limit) => limit,
         _ => {
+            lua.at("set", 0);
             let limit = lua.arg(2)?;
             lua.call(Command::Set {
                 key: limit_key,
@@ -597,25 +687,23 @@ fn lease_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
             limit
         }
     };
+    lua.at("zcard", 0);
     let permits = lua.key(0)?;
     let held = lua.call(Command::ZCard {
         key: permits.clone(),
     })?;
-    let limit = lua_number(Some(&limit), 9, COMPARE_NIL)?;
+    let limit = lua_number(lua, Some(&limit), COMPARE_NIL)?;
     if held.as_int().is_none_or(|held| held >= limit) {
         return Ok(Reply::Nil);
     }
     // The fence first, as in fenced-acquire: no permit without a fence.
-    let (clock, zadd_line) = match source {
-        FenceSource::Counter => (None, 11),
-        FenceSource::CounterOrClock => (Some(now_us), 16),
+    let clock = match source {
+        FenceSource::Counter => None,
+        FenceSource::CounterOrClock => Some(now_us),
     };
     let fence = issue_fence(lua, clock)?;
-    let ttl = lua_number(
-        lua.args.get(1).map(String::as_str),
-        zadd_line,
-        ARITHMETIC_NIL,
-    )?;
+    lua.at("zadd", 0);
+    let ttl = lua_number(lua, lua.args.get(1).map(String::as_str), ARITHMETIC_NIL)?;
     let token = lua.arg(0)?;
     lua.call(Command::ZAdd {
         key: permits,
@@ -625,6 +713,7 @@ fn lease_acquire(lua: &mut Lua<'_>, source: FenceSource) -> Run {
 }
 
 fn lease_release(lua: &mut Lua<'_>) -> Run {
+    lua.at("zrem", 0);
     let key = lua.key(0)?;
     let token = lua.arg(0)?;
     let removed = lua.call(Command::ZRem {
@@ -632,6 +721,7 @@ fn lease_release(lua: &mut Lua<'_>) -> Run {
         members: vec![token.clone()],
     })?;
     if removed.as_int().is_some_and(|n| n > 0) && lua.flag(1) {
+        lua.at("publish", 0);
         lua.call(Command::Publish {
             channel: released(&key),
             message: token,
@@ -642,6 +732,7 @@ fn lease_release(lua: &mut Lua<'_>) -> Run {
 
 fn lease_renew(lua: &mut Lua<'_>) -> Run {
     let (now, _) = drop_expired_permits(lua)?;
+    lua.at("zscore", 0);
     let key = lua.key(0)?;
     let token = lua.arg(0)?;
     let score = lua.call(Command::ZScore {
@@ -651,7 +742,8 @@ fn lease_renew(lua: &mut Lua<'_>) -> Run {
     if score == Reply::Nil {
         return Ok(Reply::Int(0));
     }
-    let ttl = lua_number(lua.args.get(1).map(String::as_str), 5, ARITHMETIC_NIL)?;
+    lua.at("zadd", 0);
+    let ttl = lua_number(lua, lua.args.get(1).map(String::as_str), ARITHMETIC_NIL)?;
     lua.call(Command::ZAdd {
         key,
         members: vec![(now.saturating_add(ttl), token)],
