@@ -218,7 +218,7 @@ impl FaultPair {
     }
 
     /// Every pair of two matrix columns ([`Fault::COLUMNS`]), in column
-    /// order: the 43 that [`FaultPair::new`] allows.
+    /// order: the 53 that [`FaultPair::new`] allows.
     pub fn of_columns() -> Vec<FaultPair> {
         let mut out = Vec::new();
         for (i, &a) in Fault::COLUMNS.iter().enumerate() {
@@ -272,7 +272,7 @@ pub enum PairError {
 
 /// A name that is not a fault class.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown fault {0:?}; known: none, crash, pause, client-skew, clock-jump, clock-back, restart, restart-delayed, restart-persisted, failover, failover-clock-lag, split-brain, delay, partition, client-partition")]
+#[error("unknown fault {0:?}; known: none, crash, pause, client-skew, client-step, clock-jump, clock-back, restart, restart-delayed, restart-persisted, failover, failover-clock-lag, split-brain, delay, partition, client-partition")]
 pub struct UnknownFault(pub String);
 
 /// A safety or liveness property.

@@ -383,7 +383,7 @@ fn render_pairs(
             pairs.len(),
             cells.len()
         ));
-        // One row per pair (43 columns would not read), one column per
+        // One row per pair (53 columns would not read), one column per
         // protocol.
         s.push_str(&markdown_head(
             "pair",

@@ -105,7 +105,7 @@ enum Error {
     Binary(String),
     #[error("Docker or the image is missing")]
     Unavailable,
-    #[error("no fault class given applies to any protocol given (failover needs a single master)")]
+    #[error("no fault class given applies to any protocol given (each pair skipped is listed above with the reason)")]
     NothingToRun,
     #[error("interrupted; the current run's containers, network and rules were removed")]
     Interrupted,
@@ -156,6 +156,19 @@ async fn campaign(args: Args) -> Result<bool, Error> {
     let budget = Duration::from_secs_f64(args.minutes.max(0.0) * 60.0);
     let mut reports = Vec::new();
     let mut next_seed = seed;
+    // Every (protocol, fault) the campaign will not run, with the reason,
+    // also when none is left to run.
+    for &protocol in &protocols {
+        for &fault in &faults {
+            if let Some(why) = not_applicable(fault, protocol) {
+                println!(
+                    "skipped: {} x {} ({why})",
+                    protocol.as_str(),
+                    fault.as_str()
+                );
+            }
+        }
+    }
     if !protocols
         .iter()
         .any(|&p| faults.iter().any(|f| applies_to(*f, p)))
@@ -186,14 +199,7 @@ async fn campaign(args: Args) -> Result<bool, Error> {
                 if started.elapsed() >= budget && !first_round {
                     break 'rounds;
                 }
-                if let Some(why) = not_applicable(fault, protocol) {
-                    if first_round {
-                        println!(
-                            "skipped: {} x {} ({why})",
-                            protocol.as_str(),
-                            fault.as_str()
-                        );
-                    }
+                if not_applicable(fault, protocol).is_some() {
                     continue;
                 }
                 let config = settings.config(protocol, fault, next_seed, Mutation::None);

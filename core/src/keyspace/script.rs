@@ -11,8 +11,9 @@
 //! The model of each script is the same sequence of `redis.call`s as its
 //! Lua text, run on the keyspace's command layer: a `redis.call` error
 //! aborts the script with that error reply and keeps the writes made before
-//! it, as Redis does. Real Redis appends the error's location to such an
-//! error (see [`strip_script_location`]); the model does not.
+//! it, as Redis does, and carries the location Redis 7 appends to it
+//! (` script: <sha1>, on @user_script:<line>.`; see
+//! [`strip_script_location`]).
 
 use super::semantics::{parse_i64, NOT_AN_INTEGER};
 use super::{Command, Keyspace, Reply, ScoreBound, SetCondition, SetExpiry};
