@@ -510,3 +510,77 @@ async fn script_errors_carry_redis_suffix() {
     let expected = model.execute(ConnId(0), Millis(0), &command);
     assert_eq!(real, expected);
 }
+
+/// A missing `KEYS[i]` or `ARGV[i]` is nil in Lua, and Redis raises it at
+/// the line where it first reaches a `redis.call` (past any `or` that
+/// short-circuits): every catalogue script, with every prefix of its keys
+/// and several argument lists, on an empty key, a hash and a string. Where
+/// either side answers with an error, the two errors must be the same text,
+/// line included. (Successful replies may read the clock, which this
+/// server does not share with the model; the sequences above compare them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_script_arguments_are_raised_at_redis_line() {
+    let Some(redis) = lockwright_tests::redis_or_skip("missing script arguments") else {
+        return;
+    };
+    let mut conn = redis.conn().await;
+    let keys_of = |n: usize| KEYS[..n].iter().map(|k| k.to_string()).collect::<Vec<_>>();
+    let arg_lists: [&[&str]; 5] = [
+        &[],
+        &["100"],
+        &["100", "t1"],
+        &["t1", "100"],
+        &["t1", "100", "2"],
+    ];
+    let mut errors = 0;
+    for script in Script::ALL {
+        for n in 0..=KEYS.len() {
+            for args in arg_lists {
+                for before in ["none", "hash", "string"] {
+                    let _: () = raw(&mut conn, &mut redis::cmd("FLUSHALL")).await;
+                    let mut model = Keyspace::new();
+                    let setup = match before {
+                        "hash" => Some(Command::HIncrBy {
+                            key: KEYS[0].into(),
+                            field: "t1".into(),
+                            by: 1,
+                        }),
+                        "string" => Some(Command::Set {
+                            key: KEYS[0].into(),
+                            value: "x".into(),
+                            condition: SetCondition::Always,
+                            expiry: SetExpiry::None,
+                            get: false,
+                        }),
+                        _ => None,
+                    };
+                    if let Some(setup) = &setup {
+                        wire::execute_reply(&mut conn, setup)
+                            .await
+                            .expect("a reply");
+                        model.execute(ConnId(0), Millis(T0), setup);
+                    }
+                    let command = Command::Eval {
+                        script,
+                        keys: keys_of(n),
+                        args: args.iter().map(|a| a.to_string()).collect(),
+                    };
+                    let real = wire::execute_reply(&mut conn, &command)
+                        .await
+                        .expect("a reply");
+                    let expected = model.execute(ConnId(0), Millis(T0), &command);
+                    if matches!(real, Reply::Error(_)) || matches!(expected, Reply::Error(_)) {
+                        errors += 1;
+                        assert_eq!(
+                            real,
+                            expected,
+                            "{} with {n} keys, args {args:?}, key {before}",
+                            script.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(errors > 100, "only {errors} cases raised an error");
+}

@@ -391,6 +391,11 @@ impl Lua<'_> {
 /// Lua's `tonumber` for the integers the scripts read; anything else
 /// becomes nil, and using nil raises the Lua error `what` at the current
 /// line ([`Lua::at`]).
+///
+/// Decimal integers only: Lua 5.1 also reads `1.5`, `1e3`, `0x10` and
+/// integers beyond 64 bits as numbers, where this model raises the error
+/// instead. The protocols send decimal integers, as do the conformance
+/// sequences; a front end that sends other numbers is outside the model.
 fn lua_number(lua: &Lua<'_>, value: Option<&str>, what: &str) -> Result<i64, Reply> {
     let line = lua.line;
     value
@@ -498,17 +503,21 @@ fn reentrant_lock(lua: &mut Lua<'_>) -> Run {
     let free = lua.call(Command::Exists {
         keys: vec![key.clone()],
     })? == Reply::Int(0);
-    let owner = lua.arg(1)?;
-    let grant = free
-        || is_one(&lua.call(Command::HExists {
+    // `or` short-circuits: with the key free, `ARGV[2]` first reaches a
+    // `redis.call` on line 2 (a nil one is raised there).
+    let grant = free || {
+        let owner = lua.arg(1)?;
+        is_one(&lua.call(Command::HExists {
             key: key.clone(),
-            field: owner.clone(),
-        })?);
+            field: owner,
+        })?)
+    };
     if !grant {
         lua.at("pttl", 0);
         return lua.call(Command::PTtl { key });
     }
     lua.at("hincrby", 0);
+    let owner = lua.arg(1)?;
     lua.call(Command::HIncrBy {
         key: key.clone(),
         field: owner,
