@@ -107,11 +107,10 @@ async fn failover_loses_the_lock_and_wait_narrows_the_window() {
         waited.record("client-2", Op::Release);
         guard_2.release().await.expect("release");
     }
-    assert_eq!(
-        waited.verdict("mutual-exclusion", 1).as_str(),
-        "holds",
-        "WAIT closes the window of the unreplicated grant"
-    );
+    // WAIT closed the window of the unreplicated grant: the match above
+    // fails the test on any grant to client 1, so this history holds one
+    // grant only (a mutual-exclusion verdict on it could not fail, and is
+    // not asserted; section 3 adds to this history).
 
     // 3. WAIT 1, replicated grant, then an extend that is not waited for.
     reset(&cluster).await;

@@ -463,7 +463,13 @@ fn parse_file(text: &str) -> Vec<Piece> {
 
 fn run_file(path: &Path) {
     let text = std::fs::read_to_string(path).unwrap();
-    let rewrite = std::env::var_os("REWRITE").is_some();
+    // Only `REWRITE=1` rewrites, and never under CI, where a rewrite would
+    // pass every case unchecked.
+    let rewrite = std::env::var("REWRITE").is_ok_and(|v| v == "1");
+    assert!(
+        !(rewrite && std::env::var("CI").is_ok_and(|v| v == "true")),
+        "REWRITE=1 under CI=true would rewrite the golden files instead of checking them"
+    );
     let mut world = World::default();
     let mut rewritten = String::new();
     let mut failures = Vec::new();

@@ -28,16 +28,25 @@ fn client(url: &str) -> redis::Client {
     }
 }
 
+/// A release sent to a stopped (`SIGSTOP`) server gets no reply, so its
+/// outcome is unknown, and what the resumed server then does shows why:
+/// a release in one script (`set-px-lua`, `fenced`, `reentrant`) waits in
+/// the socket and runs late, so the hold is gone; `set-px-watch`'s release
+/// is a sequence whose first command (`WATCH`) got no reply, so the rest
+/// was never sent and the hold stays until its TTL. The scripts are loaded
+/// first: a late `EVALSHA` refused with `NOSCRIPT` would leave every hold
+/// in place by accident of the script cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_to_a_stopped_server_is_unknown_and_the_key_survives() {
+async fn a_release_to_a_stopped_server_is_unknown_and_may_run_late() {
     let Some(redis) = redis_or_skip("release to a stopped server") else {
         return;
     };
-    for protocol in [
-        ProtocolId::SetPxLua,
-        ProtocolId::Fenced,
-        ProtocolId::SetPxWatch,
-        ProtocolId::Reentrant,
+    redis.load_scripts().await;
+    for (protocol, runs_late) in [
+        (ProtocolId::SetPxLua, true),
+        (ProtocolId::Fenced, true),
+        (ProtocolId::Reentrant, true),
+        (ProtocolId::SetPxWatch, false),
     ] {
         let lock = Lock::new([redis.client()], "stopped", options(protocol)).unwrap();
         let guard = lock.try_acquire().await.unwrap().expect("granted");
@@ -51,8 +60,15 @@ async fn a_release_to_a_stopped_server_is_unknown_and_the_key_survives() {
             }) => {}
             other => panic!("{protocol}: expected an unknown outcome, got {other:?}"),
         }
-        // The release never ran: the hold is still on the server.
-        assert!(redis.pttl("{stopped}").await > 0, "{protocol}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        let held = loop {
+            let held = redis.exists("{stopped}").await == 1;
+            if !held || tokio::time::Instant::now() > deadline {
+                break held;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(held, !runs_late, "{protocol}: did the late release run?");
         let mut conn = redis.conn().await;
         let _: i64 = raw(&mut conn, redis::cmd("DEL").arg("{stopped}")).await;
     }

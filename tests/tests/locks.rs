@@ -38,7 +38,7 @@ fn new_lock(servers: &[&RedisServer], name: &str, options: LockOptions) -> Lock 
     Lock::new(clients, name, options).unwrap_or_else(|e| panic!("{protocol}: {e}"))
 }
 
-async fn acquires_excludes_releases(protocol: ProtocolId, servers: &[RedisServer]) -> bool {
+async fn acquires_excludes_releases(protocol: ProtocolId, servers: &[RedisServer]) {
     let all: Vec<&RedisServer> = servers.iter().collect();
     let lock = new_lock(&all, "orders", options(protocol, 2_000));
     let guard = lock
@@ -78,17 +78,15 @@ async fn acquires_excludes_releases(protocol: ProtocolId, servers: &[RedisServer
         .unwrap()
         .unwrap_or_else(|| panic!("{protocol}: free again after release"));
     assert_eq!(again.release().await, Ok(true), "{protocol}");
-    true
 }
 
-async fn extends(protocol: ProtocolId, servers: &[RedisServer]) {
+/// Extends a hold past its first TTL; `false` for a lock with no TTL.
+async fn extends(protocol: ProtocolId, servers: &[RedisServer]) -> bool {
     if !has_ttl(protocol) {
-        return;
+        return false;
     }
-    let clients: Vec<_> = servers.iter().map(RedisServer::client).collect();
-    let Ok(lock) = Lock::new(clients, "extended", options(protocol, 600)) else {
-        return;
-    };
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    let lock = new_lock(&all, "extended", options(protocol, 600));
     let mut guard = lock.try_acquire().await.unwrap().expect("granted");
     let first = guard.valid_until();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -105,16 +103,17 @@ async fn extends(protocol: ProtocolId, servers: &[RedisServer]) {
     assert!(guard.is_held(), "{protocol}: held past the first TTL");
     assert!(lock.try_acquire().await.unwrap().is_none(), "{protocol}");
     assert_eq!(guard.release().await, Ok(true), "{protocol}");
+    true
 }
 
-async fn expires(protocol: ProtocolId, servers: &[RedisServer]) {
+/// Lets a hold expire and another owner take it; `false` for a lock with
+/// no TTL.
+async fn expires(protocol: ProtocolId, servers: &[RedisServer]) -> bool {
     if !has_ttl(protocol) {
-        return;
+        return false;
     }
-    let clients: Vec<_> = servers.iter().map(RedisServer::client).collect();
-    let Ok(lock) = Lock::new(clients, "expiring", options(protocol, 300)) else {
-        return;
-    };
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    let lock = new_lock(&all, "expiring", options(protocol, 300));
     let stale = lock.try_acquire().await.unwrap().expect("granted");
     // Without renewal, the core reports the hold lost when validity runs out.
     tokio::time::timeout(Duration::from_millis(1_000), stale.lost())
@@ -137,23 +136,33 @@ async fn expires(protocol: ProtocolId, servers: &[RedisServer]) {
     assert!(next.is_held(), "{protocol}");
     assert!(lock.try_acquire().await.unwrap().is_none(), "{protocol}");
     assert_eq!(next.release().await, Ok(true), "{protocol}");
+    true
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_lock_acquires_excludes_releases_extends_and_expires() {
-    let mut exercised = Vec::new();
+    let (mut locks, mut extended, mut expired) = (Vec::new(), Vec::new(), Vec::new());
     for entry in catalogue().iter().filter(|e| e.kind == Kind::Lock) {
         let Some(servers) = servers_for(entry.id) else {
             return;
         };
-        if acquires_excludes_releases(entry.id, &servers).await {
-            extends(entry.id, &servers).await;
-            expires(entry.id, &servers).await;
-            exercised.push(entry.id.as_str());
+        acquires_excludes_releases(entry.id, &servers).await;
+        locks.push(entry.id);
+        if extends(entry.id, &servers).await {
+            extended.push(entry.id);
+        }
+        if expires(entry.id, &servers).await {
+            expired.push(entry.id);
         }
     }
-    eprintln!("exercised: {exercised:?}");
-    assert!(exercised.contains(&"set-px-lua"), "{exercised:?}");
+    eprintln!("exercised: {locks:?}; extended and expired: {extended:?}");
+    // Every lock of the catalogue, and every one with a TTL (all but
+    // setnx-del) extended and expired: none left out silently.
+    let with_ttl: Vec<ProtocolId> = locks.iter().copied().filter(|&p| has_ttl(p)).collect();
+    assert_eq!(locks.len(), 10, "{locks:?}");
+    assert_eq!(with_ttl.len(), locks.len() - 1, "only setnx-del has no TTL");
+    assert_eq!(extended, with_ttl);
+    assert_eq!(expired, with_ttl);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

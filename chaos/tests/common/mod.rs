@@ -296,15 +296,6 @@ pub fn clients(urls: &[String]) -> Vec<redis::Client> {
         .collect()
 }
 
-/// A URL on which nothing listens: a master this client cannot reach
-/// (connecting is refused at once), for per-client partitions.
-pub fn unreachable_url() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("address").port();
-    drop(listener);
-    format!("redis://127.0.0.1:{port}/")
-}
-
 /// A `try_acquire` that did not grant: `Ok(None)`, or `Unavailable` when
 /// some master could not be reached (the adapter reports the last I/O error
 /// with the denial).
