@@ -729,6 +729,19 @@ impl RedisServer {
         raw(&mut conn, redis::cmd("PTTL").arg(key)).await
     }
 
+    /// How often the server ran `command` (lower case, as `INFO
+    /// commandstats` names it; scripts' inner calls included).
+    pub async fn calls(&self, command: &str) -> u64 {
+        let mut conn = self.conn().await;
+        let info: String = raw(&mut conn, redis::cmd("INFO").arg("commandstats")).await;
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// `EXISTS key`.
     pub async fn exists(&self, key: &str) -> i64 {
         let mut conn = self.conn().await;

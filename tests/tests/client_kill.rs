@@ -30,8 +30,9 @@ async fn killed_connections_and_dropped_acquires_leave_no_lock_beyond_its_ttl() 
         let killer = {
             let mut killer_conn = redis.conn().await;
             tokio::spawn(async move {
+                let mut killed = 0;
                 for _ in 0..40 {
-                    let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                    let n: redis::RedisResult<i64> = redis::cmd("CLIENT")
                         .arg("KILL")
                         .arg("TYPE")
                         .arg("normal")
@@ -39,16 +40,35 @@ async fn killed_connections_and_dropped_acquires_leave_no_lock_beyond_its_ttl() 
                         .arg("yes")
                         .query_async(&mut killer_conn)
                         .await;
+                    killed += n.unwrap_or(0);
                     tokio::time::sleep(Duration::from_millis(3)).await;
                 }
+                killed
             })
         };
-        for i in 0..40u64 {
+        let (mut granted, mut cut) = (0, 0);
+        // 40 attempts, and more (up to 200) until one was granted and one
+        // cut short.
+        for i in 0..200u64 {
+            if i >= 40 && granted > 0 && cut > 0 {
+                break;
+            }
             let attempt = lock.acquire_timeout(Duration::from_millis(100));
             // Drop the future after a varying delay: part-way or after the grant.
-            let _ = tokio::time::timeout(Duration::from_micros(100 + i * 150), attempt).await;
+            match tokio::time::timeout(Duration::from_micros(100 + (i % 40) * 150), attempt).await {
+                Ok(Ok(_guard)) => granted += 1,
+                Ok(Err(_)) => {}
+                Err(_) => cut += 1,
+            }
         }
-        killer.await.unwrap();
+        let killed = killer.await.unwrap();
+        // The run did what it is for: connections were killed, some
+        // acquires were granted (so the key was there to outlive its TTL)
+        // and some were cut short.
+        eprintln!("{protocol}: {killed} connections killed, {granted} granted, {cut} cut short");
+        assert!(killed > 0, "{protocol}: no connection was killed");
+        assert!(granted > 0, "{protocol}: no acquire was granted");
+        assert!(cut > 0, "{protocol}: no acquire was cut short");
         // Whatever happened, within the TTL (plus slack) the key is gone
         // and the lock can be taken again.
         tokio::time::sleep(Duration::from_millis(TTL_MS + 200)).await;
@@ -74,10 +94,24 @@ async fn a_dropped_acquire_gives_back_a_grant_before_the_ttl() {
         ..LockOptions::new(ProtocolId::SetPxLua, Duration::from_secs(60))
     };
     let lock = Lock::new([redis.client()], "abandoned", options).unwrap();
+    let sets = redis.calls("set").await;
+    let evals = redis.calls("evalsha").await + redis.calls("eval").await;
     // Start an acquire and drop it at once: the driver keeps going, and
     // gives back the grant it gets.
     let attempt = lock.acquire();
     let _ = tokio::time::timeout(Duration::from_micros(1), attempt).await;
+    // The dropped acquire's SET reached the server, and its grant was
+    // given back (the release's EVALSHA ran, or its EVAL after NOSCRIPT).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while redis.calls("set").await == sets
+        || redis.calls("evalsha").await + redis.calls("eval").await == evals
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dropped acquire's driver sent no SET, or no release"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Far before the 60 s TTL the lock is free.
     let guard = lock
         .acquire_timeout(Duration::from_secs(2))

@@ -161,18 +161,6 @@ async fn a_reenter_without_a_reply_is_unknown_and_the_release_takes_its_level_of
     assert_eq!(exists, 0, "no count outlives the hold");
 }
 
-/// How often Redis ran `command` (scripts' inner calls included).
-async fn calls(redis: &RedisServer, command: &str) -> u64 {
-    let mut conn = redis.conn().await;
-    let info: String = raw(&mut conn, redis::cmd("INFO").arg("commandstats")).await;
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_grant_ran_without_a_reply_leaves_no_hold() {
     let Some(redis) = redis_or_skip("acquire with a lost reply") else {
@@ -194,7 +182,7 @@ async fn an_acquire_whose_grant_ran_without_a_reply_leaves_no_hold() {
         let name = format!("orphan-{protocol}");
         let key = format!("{{{name}}}");
         let lock = Lock::new([relay.client()], &name, options(protocol)).unwrap();
-        let before = calls(&redis, grant).await;
+        let before = redis.calls(grant).await;
         // Every reply on the connection that sends the grant is lost; the
         // clean-up goes out on a new connection.
         relay.arm(&key);
@@ -205,7 +193,7 @@ async fn an_acquire_whose_grant_ran_without_a_reply_leaves_no_hold() {
             "{protocol}: {attempt:?}"
         );
         assert!(
-            calls(&redis, grant).await > before,
+            redis.calls(grant).await > before,
             "{protocol}: the grant ran on the server"
         );
         let mut conn = redis.conn().await;
