@@ -289,54 +289,58 @@ struct Lua<'a> {
     keys: &'a [String],
     args: &'a [String],
     script: Script,
-    /// The source line being run (1-based), as Lua's `currentline`: an
-    /// error raised here is reported at it ([`Keyspace::run_script`]).
-    line: u32,
+    /// Where the script is: its `n`-th `redis.call` of a command, as
+    /// (name, n). An error raised here is reported at that call's line
+    /// ([`Lua::line`]), as Lua's `currentline`.
+    site: (&'static str, usize),
 }
 
 impl Lua<'_> {
-    /// Move to the line of the script's `nth` (from 0) `redis.call('name'`
-    /// in source order. Every error raised until the next move (a nil
-    /// argument, a command's error reply, a Lua error on a nil number) is
-    /// reported at that line, as Redis reports it.
-    ///
-    /// A name the source does not call that often is a bug of the model's
-    /// meaning of the script; every script runs in the keyspace tests.
-    fn at(&mut self, name: &str, nth: usize) {
-        let needle = format!("redis.call('{name}'");
-        let line = self
-            .script
-            .lua()
-            .lines()
-            .enumerate()
-            .filter(|(_, text)| text.contains(&needle))
-            .nth(nth)
-            .map(|(i, _)| i + 1);
-        match line.and_then(|n| u32::try_from(n).ok()) {
-            Some(n) => self.line = n,
-            None => panic!(
-                "{} has no redis.call('{name}') number {nth}",
-                self.script.name()
-            ),
-        }
+    /// Move to the script's `nth` (from 0) `redis.call('name'` in source
+    /// order. Every error raised until the next move (a nil argument, a
+    /// command's error reply, a Lua error on a nil number) is reported at
+    /// that call's line, as Redis reports it. Nothing is looked up here:
+    /// the line is found only when an error needs it.
+    fn at(&mut self, name: &'static str, nth: usize) {
+        self.site = (name, nth);
+    }
+
+    /// The source line (1-based) of the current site ([`Lua::at`]); 0 if
+    /// the source has no such call, a bug of the model's meaning of the
+    /// script that the tests comparing its errors with Redis' would show.
+    fn line(&self) -> u32 {
+        let (name, nth) = self.site;
+        let line = call_line(self.script.lua(), name, nth);
+        debug_assert!(
+            line.is_some(),
+            "{} has no redis.call('{name}') number {nth}",
+            self.script.name()
+        );
+        line.unwrap_or(0)
     }
 
     /// `redis.call`: run a command, raise its error reply. It runs at the
-    /// current line ([`Lua::at`]), which must call it.
+    /// current site ([`Lua::at`]), which must call it.
     fn call(&mut self, command: Command) -> Run {
-        #[cfg(debug_assertions)]
-        if let Some(argv) = command.argv() {
-            let needle = format!("redis.call('{}'", argv[0].to_ascii_lowercase());
-            let line = self.script.lua().lines().nth(self.line as usize - 1);
-            debug_assert!(
-                line.is_some_and(|l| l.contains(&needle)),
-                "{}: line {} does not run {needle}",
-                self.script.name(),
-                self.line
-            );
-        }
         match self.keyspace.apply(self.now, &command) {
-            Reply::Error(e) => Err(Reply::Error(e)),
+            Reply::Error(e) => {
+                #[cfg(debug_assertions)]
+                if let Some(argv) = command.argv() {
+                    // The site's line calls this command (it may call
+                    // another first, as `reentrant-lock`'s line 1 does).
+                    let name = argv[0].to_ascii_lowercase();
+                    let text = (self.line() as usize)
+                        .checked_sub(1)
+                        .and_then(|i| self.script.lua().lines().nth(i));
+                    debug_assert!(
+                        text.is_some_and(|t| t.contains(&format!("redis.call('{name}'"))),
+                        "{}: {name} raised on line {}, which does not call it",
+                        self.script.name(),
+                        self.line()
+                    );
+                }
+                Err(Reply::Error(e))
+            }
             reply => Ok(reply),
         }
     }
@@ -397,10 +401,27 @@ impl Lua<'_> {
 /// instead. The protocols send decimal integers, as do the conformance
 /// sequences; a front end that sends other numbers is outside the model.
 fn lua_number(lua: &Lua<'_>, value: Option<&str>, what: &str) -> Result<i64, Reply> {
-    let line = lua.line;
     value
         .and_then(|s| s.trim().parse::<i64>().ok())
-        .ok_or_else(|| Reply::Error(format!("ERR user_script:{line}: {what}")))
+        .ok_or_else(|| Reply::Error(format!("ERR user_script:{}: {what}", lua.line())))
+}
+
+/// The line (1-based) of `source`'s `nth` (from 0) line that holds a
+/// `redis.call('name'`, if it has that many.
+fn call_line(source: &str, name: &str, nth: usize) -> Option<u32> {
+    let calls = |text: &str| {
+        text.match_indices("redis.call('").any(|(at, open)| {
+            text[at + open.len()..]
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('\''))
+        })
+    };
+    source
+        .lines()
+        .enumerate()
+        .filter(|(_, text)| calls(text))
+        .nth(nth)
+        .and_then(|(i, _)| u32::try_from(i + 1).ok())
 }
 
 const COMPARE_NIL: &str = "attempt to compare number with nil";
@@ -433,7 +454,7 @@ impl Keyspace {
             keys,
             args,
             script,
-            line: 1,
+            site: ("", 0),
         };
         let run = match script {
             Script::CompareAndDelete => compare_and_delete(&mut lua),
@@ -448,11 +469,11 @@ impl Keyspace {
             Script::LeaseRelease => lease_release(&mut lua),
             Script::LeaseRenew => lease_renew(&mut lua),
         };
-        let line = lua.line;
         run.unwrap_or_else(|error| match error {
             Reply::Error(text) => Reply::Error(format!(
-                "{text} script: {}, on @user_script:{line}.",
-                script.sha1()
+                "{text} script: {}, on @user_script:{}.",
+                script.sha1(),
+                lua.line()
             )),
             other => other,
         })
@@ -759,4 +780,26 @@ fn lease_renew(lua: &mut Lua<'_>) -> Run {
         members: vec![(now.saturating_add(ttl), token)],
     })?;
     Ok(Reply::Int(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_line_counts_whole_command_names_in_source_order() {
+        let source = Script::TimeFencedLeaseAcquire.lua();
+        assert_eq!(call_line(source, "time", 0), Some(1));
+        // `zremrangebyscore` does not count as `zrem`.
+        assert_eq!(call_line(source, "zrem", 0), None);
+        assert_eq!(call_line(source, "zremrangebyscore", 0), Some(3));
+        assert_eq!(call_line(source, "set", 0), Some(7));
+        assert_eq!(call_line(source, "set", 1), Some(14));
+        assert_eq!(call_line(source, "set", 2), None);
+        // Two calls on one line count as that line once per name.
+        let lock = Script::ReentrantLock.lua();
+        assert_eq!(call_line(lock, "exists", 0), Some(1));
+        assert_eq!(call_line(lock, "hexists", 0), Some(1));
+        assert_eq!(call_line(lock, "pttl", 0), Some(6));
+    }
 }

@@ -187,7 +187,7 @@ fn verdicts_md(computed: &Computed, rules: &[Rule]) -> String {
     s.push_str("\n## <a id=\"beyond-the-bounds\"></a>Known beyond the bounds\n\n");
     s.push_str("A `holds` marked † is the checker's verdict at the bounds above, and a wider run shows it violated (`lockwright_model::matrix::BOUND_GAPS`; the test named fails if a wider run decides it holds)");
     if matrix::BOUND_GAPS.is_empty() {
-        s.push_str(". None is marked: `model/tests/clients.rs` reruns every two-client run with a third client (each stopped at a cap of states, compared where it decides) and `model/tests/reductions.rs` reruns small bounds without each reduction (RedLock's and `fair-semaphore-locked`'s full rows on request, `-- --ignored`; the costly reductions under six faults unless `LOCKWRIGHT_FULL_REDUCTIONS=1`), and neither finds a verdict that differs.\n");
+        s.push_str(". None is marked: `model/tests/clients.rs` reruns every two-client run with a third client (each stopped at a cap of states, compared where it decides) and `model/tests/reductions.rs` reruns small bounds without each reduction (RedLock's and `fair-semaphore-locked`'s full rows on request, `-- --ignored`; prompt delivery and the late-retry bound under six faults and prompt replies under all but `split-brain` unless `LOCKWRIGHT_FULL_REDUCTIONS=1`), and neither finds a verdict that differs.\n");
     } else {
         s.push_str(":\n\n");
     }
