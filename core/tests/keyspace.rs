@@ -2,7 +2,6 @@
 //! every command, the expiry edge, WRONGTYPE paths, WATCH/MULTI/EXEC and
 //! every script's paths.
 
-use lockwright_core::keyspace::script::strip_script_location;
 use lockwright_core::keyspace::{
     Command, ConnId, Keyspace, Reply, ScoreBound, Script, SetCondition, SetExpiry, Value, WRONGTYPE,
 };
@@ -1226,18 +1225,6 @@ fn every_script_has_lua_text_that_calls_redis() {
     ] {
         assert!(script.lua().contains("redis.call('time')"));
     }
-}
-
-#[test]
-fn strip_script_location_removes_only_redis_location_suffix() {
-    let raised = "WRONGTYPE Operation against a key holding the wrong kind of value script: \
-                  4e6d8fc8bb01276962cce5371fa795a7763657ae, on @user_script:1.";
-    assert_eq!(strip_script_location(raised), WRONGTYPE);
-    assert_eq!(strip_script_location(WRONGTYPE), WRONGTYPE);
-    assert_eq!(
-        strip_script_location("ERR my script: oops"),
-        "ERR my script: oops"
-    );
 }
 
 #[test]

@@ -12,8 +12,7 @@
 //! Lua text, run on the keyspace's command layer: a `redis.call` error
 //! aborts the script with that error reply and keeps the writes made before
 //! it, as Redis does, and carries the location Redis 7 appends to it
-//! (` script: <sha1>, on @user_script:<line>.`; see
-//! [`strip_script_location`]).
+//! (` script: <sha1>, on @user_script:<line>.`).
 
 use super::semantics::{parse_i64, NOT_AN_INTEGER};
 use super::{Command, Keyspace, Reply, ScoreBound, SetCondition, SetExpiry};
@@ -252,26 +251,6 @@ pub fn release_args(mut args: Vec<String>, notify: bool) -> Vec<String> {
     args
 }
 
-/// An error raised inside a script carries its location, in real Redis and
-/// in the keyspace model alike: `WRONGTYPE Operation ... value script:
-/// <sha1>, on @user_script:1.`. This returns the error without that
-/// suffix.
-pub fn strip_script_location(error: &str) -> &str {
-    let Some(at) = error.rfind(" script: ") else {
-        return error;
-    };
-    let rest = &error[at + " script: ".len()..];
-    let is_location = rest.len() > 40
-        && rest.as_bytes()[..40].iter().all(u8::is_ascii_hexdigit)
-        && rest[40..].starts_with(", on @user_script:")
-        && rest.ends_with('.');
-    if is_location {
-        &error[..at]
-    } else {
-        error
-    }
-}
-
 /// What a script run produces: the reply it returns, or (as `Err`) the
 /// error reply that aborts it, as `redis.call` raises it. Writes made before
 /// the error stay, as in Redis.
@@ -333,7 +312,7 @@ impl Lua<'_> {
                         .checked_sub(1)
                         .and_then(|i| self.script.lua().lines().nth(i));
                     debug_assert!(
-                        text.is_some_and(|t| t.contains(&format!("redis.call('{name}'"))),
+                        text.is_some_and(|t| line_calls(t, &name)),
                         "{}: {name} raised on line {}, which does not call it",
                         self.script.name(),
                         self.line()
@@ -409,19 +388,22 @@ fn lua_number(lua: &Lua<'_>, value: Option<&str>, what: &str) -> Result<i64, Rep
 /// The line (1-based) of `source`'s `nth` (from 0) line that holds a
 /// `redis.call('name'`, if it has that many.
 fn call_line(source: &str, name: &str, nth: usize) -> Option<u32> {
-    let calls = |text: &str| {
-        text.match_indices("redis.call('").any(|(at, open)| {
-            text[at + open.len()..]
-                .strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('\''))
-        })
-    };
     source
         .lines()
         .enumerate()
-        .filter(|(_, text)| calls(text))
+        .filter(|(_, text)| line_calls(text, name))
         .nth(nth)
         .and_then(|(i, _)| u32::try_from(i + 1).ok())
+}
+
+/// `text` holds a `redis.call('name'` of exactly that command name
+/// (`zrem` is not found in `redis.call('zremrangebyscore'`).
+fn line_calls(text: &str, name: &str) -> bool {
+    text.match_indices("redis.call('").any(|(at, open)| {
+        text[at + open.len()..]
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('\''))
+    })
 }
 
 const COMPARE_NIL: &str = "attempt to compare number with nil";
