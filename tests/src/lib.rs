@@ -742,6 +742,21 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Whether `key` is gone within `within`, polled every 20 ms (`false`
+    /// if it is still there when the time is up).
+    pub async fn gone_within(&self, key: &str, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.exists(key).await == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// `EXISTS key`.
     pub async fn exists(&self, key: &str) -> i64 {
         let mut conn = self.conn().await;

@@ -139,14 +139,9 @@ fn a_release_to_a_stopped_server_is_unknown_and_runs_late() {
     let Some(redis) = redis_or_skip("blocking unknown release") else {
         return;
     };
-    let mut admin = redis.client().get_connection().expect("connect");
-    for script in lockwright_core::keyspace::Script::ALL {
-        redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script.lua())
-            .query::<String>(&mut admin)
-            .expect("SCRIPT LOAD");
-    }
+    // The shared helpers are async; this front end is not.
+    let rt = tokio::runtime::Runtime::new().expect("a runtime for the helpers");
+    rt.block_on(redis.load_scripts());
     let l = lock(ProtocolId::SetPxLua, "stopped", &[&redis], 1);
     let guard = l.try_acquire().unwrap().expect("free");
     redis.pause();
@@ -158,18 +153,10 @@ fn a_release_to_a_stopped_server_is_unknown_and_runs_late() {
         "{released:?}"
     );
     redis.resume();
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let exists = loop {
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg("{stopped}")
-            .query(&mut admin)
-            .expect("EXISTS");
-        if exists == 0 || std::time::Instant::now() > deadline {
-            break exists;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(exists, 0, "the resumed server ran the late release");
+    assert!(
+        rt.block_on(redis.gone_within("{stopped}", Duration::from_secs(3))),
+        "the resumed server ran the late release"
+    );
     let again = l.try_acquire().unwrap().expect("released late, so free");
     assert_eq!(again.release(), Ok(true));
 }
