@@ -66,6 +66,7 @@
 use crate::fault::{Family, Fault, PropertyId, CLOCK_STEP_BACK};
 use lockwright_core::keyspace::{Command, ConnId, Entry, Keyspace, Reply, SetCondition, Value};
 use lockwright_core::locks::redlock::Redlock;
+use lockwright_core::locks::setnx_del::SetnxDel;
 use lockwright_core::semaphores::lease_semaphore::LeaseSemaphore;
 use lockwright_core::semaphores::watch_semaphore::WatchSemaphore;
 use lockwright_core::{
@@ -137,6 +138,12 @@ pub struct ModelConfig {
     /// `protocol`'s (which should be [`Mutation::protocol`]), for the tests
     /// that show a check can fail. `None` in every standard run.
     pub mutation: Option<Mutation>,
+    /// Judge the properties only in states where the run's fault has acted
+    /// (its budget spent; always, for `none` and `client-skew`, which have
+    /// no action): a test's way to show that a violation can still be seen
+    /// after the fault strikes, within the horizon. `false` in every
+    /// standard run.
+    pub after_fault: bool,
 }
 
 /// A deliberately broken protocol the model can run in place of the
@@ -160,17 +167,40 @@ pub enum Mutation {
     /// mutual exclusion under `client-step` by their renewal alone, and this
     /// mutant shows the column catches a lease that does not renew.
     FencedWithoutRenewal,
+    /// `setnx-del` whose release checks the owner and then deletes another
+    /// key (`SetnxDel::with_release_of_another_key`): every hold stays for
+    /// ever, so a waiter never gets the lock. Progress holds in four matrix
+    /// columns for every protocol; this mutant shows the check fails there
+    /// when a waiter is starved (`tests/matrix.rs`).
+    SetnxDelReleaseMissesItsKey,
+    /// `watch-semaphore` that reads a missing max-size key as its
+    /// configured limit (`WatchSemaphore::with_a_default_for_a_missing_size`):
+    /// after a restart empties the node it admits new holders beside the
+    /// old ones, where the specimen fails every acquire. Mutual exclusion
+    /// holds under `restart` for that failure alone (`tests/matrix.rs`).
+    WatchSemaphoreDefaultsAMissingSize,
+    /// The application leaks its hold: after its write a client leaves
+    /// without releasing, while its machine goes on as it would (renewing,
+    /// where the protocol renews). A lease frees itself when its TTL runs
+    /// out; a renewed lease, or a lock without TTL, never does, and the
+    /// waiters starve (Redisson's watchdog renewing the lock of an owner
+    /// that forgot to unlock). `tests/matrix.rs` runs it for every protocol.
+    LeaksItsHold,
 }
 
 impl Mutation {
-    /// The protocol this mutates.
-    pub fn protocol(self) -> ProtocolId {
-        match self {
+    /// The protocol this mutates; `None` for a mutation of the client
+    /// around any protocol's machine.
+    pub fn protocol(self) -> Option<ProtocolId> {
+        Some(match self {
             Mutation::LeaseSemaphoreUndoesUnanswered => ProtocolId::LeaseSemaphore,
             Mutation::RedlockRetriesUnderOneToken => ProtocolId::Redlock,
             Mutation::WatchSemaphoreRetriesUnderOneToken => ProtocolId::WatchSemaphore,
             Mutation::FencedWithoutRenewal => ProtocolId::Fenced,
-        }
+            Mutation::SetnxDelReleaseMissesItsKey => ProtocolId::SetnxDel,
+            Mutation::WatchSemaphoreDefaultsAMissingSize => ProtocolId::WatchSemaphore,
+            Mutation::LeaksItsHold => return None,
+        })
     }
 }
 
@@ -266,7 +296,8 @@ impl ModelConfig {
     /// [`standard_clients`] clients, one
     /// node (three for RedLock), a 10 s TTL (whole seconds, so that the
     /// book's `EXPIRE` in seconds means what it says), retries every 2–4 s,
-    /// and a horizon just past the progress patience (32 s).
+    /// and a horizon just past the progress patience (32 s), later by the
+    /// time a fault keeps every client out ([`ModelConfig::with_also`]).
     ///
     /// Time only stops at instants where something can change, so the scale
     /// costs no states; it keeps RedLock's `ttl/100 + 2 ms` drift allowance
@@ -287,12 +318,13 @@ impl ModelConfig {
             retry_max: 4_000,
             retry_jitter: 1_000,
             late_retries: 1,
-            horizon: 32_000,
+            horizon: 32_000 + ModelConfig::obstruction(fault, 10_000),
             latency: 400,
             reply_timeout: 1_000,
             restart_ms: 1,
             reductions: Reductions::ALL,
             mutation: None,
+            after_fault: false,
         }
     }
 
@@ -338,6 +370,29 @@ impl ModelConfig {
         }
     }
 
+    /// How long `fault` keeps every client from the lock when it strikes,
+    /// beyond what a run without it would see: a delayed restart keeps
+    /// its node down for the TTL and a millisecond. `progress` counts a
+    /// waiter's patience from the end of such an obstruction, so the
+    /// horizon moves by as much: with 32 s against a patience of 30 s, a
+    /// waiter starved by a restart at 2 s could only be judged after 42 s,
+    /// and `restart-delayed` × `progress` read `holds` wherever `restart`
+    /// × `progress` is violated.
+    pub fn obstruction(fault: Fault, ttl: u64) -> u64 {
+        match fault {
+            Fault::RestartDelayed => ttl + 1,
+            _ => 0,
+        }
+    }
+
+    /// The same bounds with `second` acting too, once
+    /// ([`ModelConfig::also`]), the horizon moved by its obstruction.
+    pub fn with_also(mut self, second: Fault) -> ModelConfig {
+        self.also = Some(second);
+        self.horizon += ModelConfig::obstruction(second, self.ttl);
+        self
+    }
+
     /// The budget bit of the run's fault of `family`.
     fn family_bit(&self, family: Family) -> u8 {
         self.of_family(family).map_or(0, |f| self.budget_bit(f))
@@ -381,6 +436,14 @@ impl ModelConfig {
                 };
                 Machine::new(ProtocolId::Fenced, &config, token)
             }
+            Some(Mutation::SetnxDelReleaseMissesItsKey) => {
+                SetnxDel::with_release_of_another_key(&config, token).map(Machine::SetnxDel)
+            }
+            Some(Mutation::WatchSemaphoreDefaultsAMissingSize) => {
+                WatchSemaphore::with_a_default_for_a_missing_size(&config, token)
+                    .map(Machine::WatchSemaphore)
+            }
+            Some(Mutation::LeaksItsHold) => Machine::new(self.protocol, &config, token),
         }
     }
 
@@ -2168,6 +2231,9 @@ impl LockModel {
 
     /// The verdict of `property` on `state`: `true` when it holds.
     pub fn holds_in(&self, property: PropertyId, state: &State) -> bool {
+        if self.cfg.after_fault && state.budget & self.cfg.budget_bit(self.cfg.fault) != 0 {
+            return true;
+        }
         match property {
             PropertyId::MutualExclusion => {
                 state
@@ -2517,12 +2583,16 @@ impl LockModel {
                     r.newest_grant = r.newest_grant.max(grant);
                 }
                 let client = &mut s.clients[ci];
-                let now = client.clock.at(s.time);
-                client.phase = match client.machine.release(now) {
-                    Ok(()) => Phase::Releasing,
-                    Err(_) => Phase::Done,
-                };
-                self.drain(&mut s, c);
+                if matches!(self.cfg.mutation, Some(Mutation::LeaksItsHold)) {
+                    client.phase = Phase::Done;
+                } else {
+                    let now = client.clock.at(s.time);
+                    client.phase = match client.machine.release(now) {
+                        Ok(()) => Phase::Releasing,
+                        Err(_) => Phase::Done,
+                    };
+                    self.drain(&mut s, c);
+                }
             }
             Action::Tick(t) => {
                 let late = s.links.iter().any(|l| {

@@ -31,8 +31,8 @@ pub fn pair_model(
     pair: FaultPair,
     properties: Vec<PropertyId>,
 ) -> Result<LockModel, CheckError> {
-    let mut cfg = ModelConfig::for_properties(protocol, pair.first(), &properties);
-    cfg.also = Some(pair.second());
+    let cfg =
+        ModelConfig::for_properties(protocol, pair.first(), &properties).with_also(pair.second());
     LockModel::new(cfg, properties).map_err(|source| CheckError::Config { protocol, source })
 }
 

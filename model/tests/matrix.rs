@@ -33,6 +33,30 @@ fn standard_model(protocol: ProtocolId, fault: Fault) -> lockwright_model::LockM
     .expect("the standard bounds are valid")
 }
 
+/// The verdict on `property` of `protocol` under `fault` (run as
+/// `mutation` when one is given, which must mutate `protocol`), at the
+/// standard bounds for that property checked alone.
+fn verdict_alone(
+    protocol: ProtocolId,
+    fault: Fault,
+    property: PropertyId,
+    mutation: Option<lockwright_model::model::Mutation>,
+) -> Verdict {
+    let mutated = mutation.and_then(|m| m.protocol());
+    assert!(
+        mutated.is_none_or(|m| m == protocol),
+        "{mutation:?} mutates {mutated:?}"
+    );
+    let mut cfg = lockwright_model::ModelConfig::for_properties(protocol, fault, &[property]);
+    cfg.mutation = mutation;
+    let run = matrix::check_config(cfg, 2, false).expect("model configures");
+    run.cells
+        .iter()
+        .find(|c| c.property == property)
+        .map(|c| c.verdict)
+        .expect("the property is checked")
+}
+
 /// The actions `model` enables in `state`.
 fn enabled_in(
     model: &lockwright_model::LockModel,
@@ -562,18 +586,12 @@ fn delay_strikes_the_first_client_and_node_first() {
 fn a_client_step_breaks_a_lease_that_does_not_renew() {
     use lockwright_model::model::Mutation;
     let me = |fault: Fault, mutation: Option<Mutation>| {
-        let mut cfg = lockwright_model::ModelConfig::for_properties(
+        verdict_alone(
             ProtocolId::Fenced,
             fault,
-            &[PropertyId::MutualExclusion],
-        );
-        cfg.mutation = mutation;
-        let run = matrix::check_config(cfg, 2, false).expect("model configures");
-        run.cells
-            .iter()
-            .find(|c| c.property == PropertyId::MutualExclusion)
-            .map(|c| c.verdict)
-            .expect("mutual exclusion is checked")
+            PropertyId::MutualExclusion,
+            mutation,
+        )
     };
     let mutant = Some(Mutation::FencedWithoutRenewal);
     assert_eq!(me(Fault::ClientStep, None), Verdict::Holds, "fenced");
@@ -587,4 +605,197 @@ fn a_client_step_breaks_a_lease_that_does_not_renew() {
         Verdict::Holds,
         "the mutant, no fault"
     );
+}
+
+/// Every `holds` of the matrix sits in a column that can fail: wherever
+/// some protocol holds a property under a fault, the checker finds that
+/// property violated under the same fault, at the same bounds, by another
+/// protocol of the catalogue or, where none is, by a kept mutant. A
+/// property that the model under a fault could not break at all (a check
+/// that never fires there) would show here as a column of `holds` alone.
+///
+/// What this does not show: faults are optional actions, so a violation
+/// in a column may be one on which its fault does not act (every
+/// violation under `none` is one under each fault). That a fault leaves
+/// room to see a violation after it strikes is
+/// `a_starved_waiter_is_seen_after_every_fault`'s business.
+///
+/// Four columns are all `holds` for progress (`none`, `client-skew`,
+/// `client-step`, `clock-jump`: no protocol starves a waiter there); the
+/// mutant `setnx-del` whose release deletes another key
+/// (`Mutation::SetnxDelReleaseMissesItsKey`) does, in each of them, and
+/// the test requires exactly those four, so that the docs that name them
+/// stay true.
+#[test]
+fn every_column_that_holds_somewhere_can_fail() {
+    use lockwright_model::model::Mutation;
+    // The kept mutant for each property, run where no protocol of the
+    // catalogue is violated.
+    let mutants = [(PropertyId::Progress, Mutation::SetnxDelReleaseMissesItsKey)];
+    let cache = cache();
+    let (mut unwitnessed, mut by_mutant) = (Vec::new(), Vec::new());
+    for fault in Fault::ALL {
+        let runs: Vec<(ProtocolId, matrix::Run)> = ProtocolId::all()
+            .map(|p| (p, matrix::standard_run(p, fault, Some(&cache)).unwrap()))
+            .collect();
+        for property in PropertyId::ALL {
+            let verdicts: Vec<Verdict> = runs
+                .iter()
+                .flat_map(|(_, run)| &run.cells)
+                .filter(|c| c.property == property)
+                .map(|c| c.verdict)
+                .collect();
+            assert_eq!(
+                verdicts.len(),
+                runs.len(),
+                "{fault} {property}: one cell per protocol"
+            );
+            if !verdicts.contains(&Verdict::Holds) || verdicts.contains(&Verdict::Violated) {
+                continue;
+            }
+            let Some(&(_, mutation)) = mutants.iter().find(|(p, _)| *p == property) else {
+                unwitnessed.push(format!("{fault} {property}: no mutant is kept for it"));
+                continue;
+            };
+            let protocol = mutation.protocol().expect("a mutant of one protocol");
+            let verdict = verdict_alone(protocol, fault, property, Some(mutation));
+            if verdict == Verdict::Violated {
+                by_mutant.push(format!("{fault} {property}"));
+            } else {
+                unwitnessed.push(format!(
+                    "{fault} {property}: every protocol holds and the mutant {mutation:?} is {verdict:?}"
+                ));
+            }
+        }
+    }
+    eprintln!("columns witnessed by a mutant alone: {by_mutant:?}");
+    assert!(
+        unwitnessed.is_empty(),
+        "columns whose holds nothing can break:\n{}",
+        unwitnessed.join("\n")
+    );
+    assert_eq!(
+        by_mutant,
+        [
+            "none progress",
+            "client-skew progress",
+            "client-step progress",
+            "clock-jump progress"
+        ],
+        "the columns that only a mutant breaks (README.md names them)"
+    );
+}
+
+/// `watch-semaphore` keeps mutual exclusion under `restart` because the
+/// restart loses the max-size key with the holders, and every later
+/// acquire fails with a typed error (`Missing`, which progress reports). A
+/// front end that reads a missing size as its configured limit
+/// (`Mutation::WatchSemaphoreDefaultsAMissingSize`) admits a new holder
+/// beside one that still believes it holds; with no fault it holds, as
+/// the specimen does.
+#[test]
+fn watch_semaphore_holds_under_restart_only_by_failing() {
+    use lockwright_model::model::Mutation;
+    let (p, me) = (ProtocolId::WatchSemaphore, PropertyId::MutualExclusion);
+    let mutant = Some(Mutation::WatchSemaphoreDefaultsAMissingSize);
+    assert_eq!(verdict_alone(p, Fault::Restart, me, None), Verdict::Holds);
+    assert_eq!(
+        verdict_alone(p, Fault::Restart, PropertyId::Progress, None),
+        Verdict::Violated,
+        "the specimen fails its acquires after the restart"
+    );
+    assert_eq!(
+        verdict_alone(p, Fault::Restart, me, mutant),
+        Verdict::Violated,
+        "the mutant"
+    );
+    assert_eq!(
+        verdict_alone(p, Fault::None, me, mutant),
+        Verdict::Holds,
+        "the mutant, no fault"
+    );
+}
+
+/// Progress can fail for every protocol, also where no fault of the matrix
+/// breaks it: an application that leaks its hold
+/// (`Mutation::LeaksItsHold`: after its write it leaves without releasing,
+/// while its machine goes on) starves the waiters wherever nothing ends
+/// the hold, that is where the lease is renewed or there is no TTL, and
+/// the TTL frees it everywhere else. With no fault, the verdicts split
+/// exactly so.
+#[test]
+fn a_leaked_hold_starves_the_waiters_unless_its_ttl_frees_it() {
+    use lockwright_model::model::Mutation;
+    // Where nothing ends a leaked hold: no TTL at all, or a machine that
+    // renews its lease for as long as it holds.
+    let never_ends = [
+        (ProtocolId::SetnxDel, "no TTL"),
+        (ProtocolId::WatchSemaphore, "no TTL"),
+        (ProtocolId::Reentrant, "renewed"),
+        (ProtocolId::Fenced, "renewed"),
+        (ProtocolId::TimeFenced, "renewed"),
+        (ProtocolId::LeaseSemaphore, "renewed"),
+        (ProtocolId::TimeFencedSemaphore, "renewed"),
+    ];
+    let mut wrong = Vec::new();
+    for p in ProtocolId::all() {
+        let why = never_ends
+            .iter()
+            .find(|(q, _)| *q == p)
+            .map(|(_, why)| *why);
+        let mutant = Some(Mutation::LeaksItsHold);
+        let leaked = verdict_alone(p, Fault::None, PropertyId::Progress, mutant);
+        let expected = match why {
+            Some(_) => Verdict::Violated,
+            None => Verdict::Holds,
+        };
+        eprintln!(
+            "{p}: a leaked hold {}: progress {leaked}",
+            why.unwrap_or("expires")
+        );
+        if leaked != expected {
+            wrong.push(format!("{p}: progress {leaked}, expected {expected}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every fault leaves room to see a violation after it strikes: the
+/// mutant whose release deletes another key
+/// (`Mutation::SetnxDelReleaseMissesItsKey`) starves a waiter, and under
+/// each fault the checker finds that starvation in a state where the
+/// fault has already acted (`ModelConfig::after_fault`), within the
+/// standard horizon. A fault that ends too close to the horizon for a
+/// waiter's patience to run out after it would make every `progress` of
+/// its column read `holds` whatever the protocol did: `restart-delayed`,
+/// whose node stays down for the TTL, once did, and `watch-semaphore`'s
+/// starvation after it was hidden until the horizon moved by the node's
+/// time down (`ModelConfig::obstruction`).
+#[test]
+fn a_starved_waiter_is_seen_after_every_fault() {
+    use lockwright_model::model::Mutation;
+    let mut unseen = Vec::new();
+    for fault in Fault::ALL {
+        let mut cfg = lockwright_model::ModelConfig::for_properties(
+            ProtocolId::SetnxDel,
+            fault,
+            &[PropertyId::Progress],
+        );
+        cfg.mutation = Some(Mutation::SetnxDelReleaseMissesItsKey);
+        cfg.after_fault = true;
+        let run = matrix::check_config(cfg, 2, false).expect("model configures");
+        let verdict = run
+            .cells
+            .iter()
+            .find(|c| c.property == PropertyId::Progress);
+        eprintln!(
+            "{fault}: {} states, progress after the fault {:?}",
+            run.states,
+            verdict.map(|c| c.verdict)
+        );
+        if verdict.map(|c| c.verdict) != Some(Verdict::Violated) {
+            unseen.push(fault);
+        }
+    }
+    assert!(unseen.is_empty(), "no starvation seen after {unseen:?}");
 }

@@ -99,6 +99,9 @@ pub(crate) fn setnx_start<S>(
 pub(crate) struct SetnxDelRecipe {
     key: String,
     token: Token,
+    /// A deliberate bug for the tests ([`SetnxDel::with_release_of_another_key`]):
+    /// the release deletes this key instead of the lock's.
+    release_deletes: Option<String>,
 }
 
 impl Recipe for SetnxDelRecipe {
@@ -126,8 +129,9 @@ impl Recipe for SetnxDelRecipe {
                 reply,
             }),
             (Step::Watched(step), reply) => {
+                let key = self.release_deletes.as_ref().unwrap_or(&self.key);
                 let act = Command::Del {
-                    keys: vec![self.key.clone()],
+                    keys: vec![key.clone()],
                 };
                 watch_step(&self.key, &self.token.0, act, step, reply, Step::Watched)
             }
@@ -154,16 +158,38 @@ impl SetnxDel {
     /// A lock on `config.name` for the owner `token`. `config.ttl_ms` is
     /// validated but not used: this lock has no TTL.
     pub fn new(config: &Config, token: Token) -> Result<SetnxDel, ConfigError> {
+        SetnxDel::build(config, token, None)
+    }
+
+    fn build(
+        config: &Config,
+        token: Token,
+        release_deletes: Option<String>,
+    ) -> Result<SetnxDel, ConfigError> {
         let mut engine =
             EngineConfig::checked(config.validate_single("setnx-del"), config, token.clone())?;
         let recipe = SetnxDelRecipe {
             key: config.key(),
-            token: token.clone(),
+            token,
+            release_deletes,
         };
         // Whether the DEL of a release ran may be unknown: with no TTL a key
         // left behind stays for ever, the specimen's weakness.
         engine.ttl_ms = None;
         Ok(SetnxDel(Engine::new(recipe, engine)))
+    }
+
+    /// A deliberate bug, for the tests that must catch it: the release
+    /// checks the owner as it should, then deletes another key (the lock's
+    /// name with a `:typo` suffix), so every hold stays for ever and every
+    /// later acquire waits in vain. A check of progress that cannot see
+    /// this cannot see a deadlock at all.
+    #[doc(hidden)]
+    pub fn with_release_of_another_key(
+        config: &Config,
+        token: Token,
+    ) -> Result<SetnxDel, ConfigError> {
+        SetnxDel::build(config, token, Some(config.key_with("typo")))
     }
 }
 

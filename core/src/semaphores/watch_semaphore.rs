@@ -167,6 +167,10 @@ pub(crate) struct WatchRecipe {
     holders: String,
     max: String,
     token: String,
+    /// A deliberate bug for the tests
+    /// ([`WatchSemaphore::with_a_default_for_a_missing_size`]): the size
+    /// read when the max-size key is missing.
+    missing_max: Option<u64>,
 }
 
 impl Recipe for WatchRecipe {
@@ -210,7 +214,10 @@ impl Recipe for WatchRecipe {
                 Step::GetMax,
             ),
             Step::Watch => unexpected("WATCH", reply),
-            Step::GetMax => match parse_max_size(&reply) {
+            Step::GetMax => match parse_max_size(&reply).or_else(|e| match e {
+                SizeError::Missing => self.missing_max.ok_or(e),
+                e => Err(e),
+            }) {
                 Ok(max) => Next::Send(
                     Command::SCard {
                         key: self.holders.clone(),
@@ -273,6 +280,14 @@ impl WatchSemaphore {
     /// (set it with [`set_max_size_command`]; `config.limit` is only
     /// validated), for the owner `token`. Permits never expire.
     pub fn new(config: &Config, token: Token) -> Result<WatchSemaphore, ConfigError> {
+        WatchSemaphore::build(config, token, None)
+    }
+
+    fn build(
+        config: &Config,
+        token: Token,
+        missing_max: Option<u64>,
+    ) -> Result<WatchSemaphore, ConfigError> {
         let mut engine = EngineConfig::checked(
             config.validate_semaphore("watch-semaphore"),
             config,
@@ -282,6 +297,7 @@ impl WatchSemaphore {
             holders: holders_key(config),
             max: max_size_key(config),
             token: token.0.to_string(),
+            missing_max,
         };
         engine.ttl_ms = None;
         Ok(WatchSemaphore(Engine::new(recipe, engine)))
@@ -300,6 +316,20 @@ impl WatchSemaphore {
         machine.0.one_token = true;
         Ok(machine)
     }
+
+    /// A deliberate bug, for the tests that must catch it: a missing
+    /// max-size key is read as `config.limit`, as a front end that falls
+    /// back to its configured size would. A restart that empties the node
+    /// loses the holders and the size together; the specimen then fails
+    /// every acquire, while this one admits new holders beside those that
+    /// still believe they hold.
+    #[doc(hidden)]
+    pub fn with_a_default_for_a_missing_size(
+        config: &Config,
+        token: Token,
+    ) -> Result<WatchSemaphore, ConfigError> {
+        WatchSemaphore::build(config, token, Some(u64::from(config.limit)))
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +345,7 @@ mod tests {
             holders: "h".into(),
             max: "m".into(),
             token: "t".into(),
+            missing_max: None,
         };
         let step = || Step::Unwatch(Unwatched::Full);
         let now = Millis(0);

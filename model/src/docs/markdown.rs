@@ -79,7 +79,7 @@ fn svg_name(id: ProtocolId, f: Fault, p: PropertyId) -> String {
 fn bounds(protocol: ProtocolId) -> String {
     let cfg = ModelConfig::new(protocol, Fault::None);
     format!(
-        "{} clients{}, {} node{}, TTL {} ms, retries every {}–{} ms plus up to {} ms of jitter, request latency up to {} ms, reply timeout {} ms, horizon {} ms, one fault action per run",
+        "{} clients{}, {} node{}, TTL {} ms, retries every {}–{} ms plus up to {} ms of jitter, request latency up to {} ms, reply timeout {} ms, horizon {} ms ({} ms under `restart-delayed`, whose node stays down for the TTL: a waiter's patience counts from its return), one fault action per run",
         cfg.clients,
         if cfg.clients == PROGRESS_CLIENTS {
             String::new()
@@ -94,7 +94,8 @@ fn bounds(protocol: ProtocolId) -> String {
         cfg.retry_jitter,
         cfg.latency,
         cfg.reply_timeout,
-        cfg.horizon
+        cfg.horizon,
+        ModelConfig::new(protocol, Fault::RestartDelayed).horizon
     )
 }
 
@@ -194,6 +195,27 @@ fn verdicts_md(computed: &Computed, rules: &[Rule]) -> String {
     for (p, f, prop, why) in matrix::BOUND_GAPS {
         let _ = writeln!(s, "- `{p}` × `{f}` × `{prop}`: {why}.");
     }
+    s.push_str("\n## <a id=\"can-it-fail\"></a>Can each `ok` fail?\n\n");
+    s.push_str("A property that the model under a fault could not break would read `ok` in every row of that column. Wherever a protocol holds a property under a fault, the checker finds the same property violated under the same fault, at the same bounds, by another protocol of the table");
+    let all_hold: Vec<String> = Fault::ALL
+        .into_iter()
+        .flat_map(|f| PropertyId::ALL.into_iter().map(move |prop| (f, prop)))
+        .filter(|&(f, prop)| {
+            ProtocolId::all().all(|p| verdict_of(computed, p, f, prop) == Some(Verdict::Holds))
+        })
+        .map(|(f, prop)| format!("`{f}` × `{prop}`"))
+        .collect();
+    if all_hold.is_empty() {
+        s.push('.');
+    } else {
+        let _ = write!(
+            s,
+            "; where no protocol is violated ({}), by a mutant the tests keep: `setnx-del` whose release checks the owner, then deletes another key, so that every hold stays for ever and a waiter starves",
+            all_hold.join(", ")
+        );
+    }
+    s.push_str(" (`model/tests/matrix.rs`, `every_column_that_holds_somewhere_can_fail`, computes this from the same runs and fails on a column that nothing breaks). Faults are optional actions, so such a violation may be one on which the fault does not act; that each fault leaves room to see a violation after it strikes, within the horizon, is a second test: the same mutant starves a waiter in a state where the fault has acted, under every fault (`a_starved_waiter_is_seen_after_every_fault`). It once failed for `restart-delayed`, whose node stays down for the TTL: a waiter's patience counts from the node's return, so at a 32 s horizon no starvation after it could be seen, and `watch-semaphore` × `restart-delayed` × `progress` read `ok`; the horizon of that column now moves by the node's time down.\n\n");
+    s.push_str("Per protocol, the tests keep mutants where a row holds for a reason worth showing. An application that leaks its hold (it leaves after its write without releasing, while its machine goes on) starves the waiters under `none` wherever nothing ends the hold: `setnx-del` and `watch-semaphore`, which have no TTL, and the five protocols that renew their lease (`reentrant`, `fenced`, `time-fenced`, `lease-semaphore`, `time-fenced-semaphore`); the other nine keep progress, as their TTL frees the leaked hold (`a_leaked_hold_starves_the_waiters_unless_its_ttl_frees_it`). `watch-semaphore` keeps mutual exclusion under `restart` only because every acquire after it fails (the restart loses the max-size key): a front end that reads a missing size as its configured limit admits a second holder (`watch_semaphore_holds_under_restart_only_by_failing`). `fenced` keeps mutual exclusion under `client-step` by its renewal alone (`a_client_step_breaks_a_lease_that_does_not_renew`).\n");
     s.push_str("\n## Legend\n\n");
     s.push_str("| code | property | holds when |\n|---|---|---|\n");
     for p in PropertyId::ALL {
