@@ -297,13 +297,14 @@ impl ModelConfig {
     /// node (three for RedLock), a 10 s TTL (whole seconds, so that the
     /// book's `EXPIRE` in seconds means what it says), retries every 2–4 s,
     /// and a horizon just past the progress patience (32 s), later by the
-    /// time a fault keeps every client out ([`ModelConfig::with_also`]).
+    /// time the fault keeps every client out ([`ModelConfig::obstruction`];
+    /// a second fault's, [`ModelConfig::with_also`]).
     ///
     /// Time only stops at instants where something can change, so the scale
     /// costs no states; it keeps RedLock's `ttl/100 + 2 ms` drift allowance
     /// in proportion.
     pub fn new(protocol: ProtocolId, fault: Fault) -> ModelConfig {
-        ModelConfig {
+        let mut cfg = ModelConfig {
             protocol,
             fault,
             also: None,
@@ -318,14 +319,16 @@ impl ModelConfig {
             retry_max: 4_000,
             retry_jitter: 1_000,
             late_retries: 1,
-            horizon: 32_000 + ModelConfig::obstruction(fault, 10_000),
+            horizon: 32_000,
             latency: 400,
             reply_timeout: 1_000,
             restart_ms: 1,
             reductions: Reductions::ALL,
             mutation: None,
             after_fault: false,
-        }
+        };
+        cfg.horizon += ModelConfig::obstruction(fault, cfg.ttl);
+        cfg
     }
 
     /// The standard bounds for checking `properties` of `protocol` under

@@ -49,12 +49,20 @@ fn verdict_alone(
     );
     let mut cfg = lockwright_model::ModelConfig::for_properties(protocol, fault, &[property]);
     cfg.mutation = mutation;
+    verdict_of_run(cfg, property).0
+}
+
+/// The verdict on `property` of the run of `cfg` (two checker threads, no
+/// shortening), and its unique states.
+fn verdict_of_run(cfg: lockwright_model::ModelConfig, property: PropertyId) -> (Verdict, usize) {
     let run = matrix::check_config(cfg, 2, false).expect("model configures");
-    run.cells
+    let verdict = run
+        .cells
         .iter()
         .find(|c| c.property == property)
         .map(|c| c.verdict)
-        .expect("the property is checked")
+        .expect("the property is checked");
+    (verdict, run.states)
 }
 
 /// The actions `model` enables in `state`.
@@ -783,17 +791,9 @@ fn a_starved_waiter_is_seen_after_every_fault() {
         );
         cfg.mutation = Some(Mutation::SetnxDelReleaseMissesItsKey);
         cfg.after_fault = true;
-        let run = matrix::check_config(cfg, 2, false).expect("model configures");
-        let verdict = run
-            .cells
-            .iter()
-            .find(|c| c.property == PropertyId::Progress);
-        eprintln!(
-            "{fault}: {} states, progress after the fault {:?}",
-            run.states,
-            verdict.map(|c| c.verdict)
-        );
-        if verdict.map(|c| c.verdict) != Some(Verdict::Violated) {
+        let (verdict, states) = verdict_of_run(cfg, PropertyId::Progress);
+        eprintln!("{fault}: {states} states, progress after the fault {verdict}");
+        if verdict != Verdict::Violated {
             unseen.push(fault);
         }
     }
