@@ -118,6 +118,11 @@ pub struct ModelConfig {
     pub late_retries: u8,
     /// True time at which exploration stops.
     pub horizon: u64,
+    /// The horizon leaves a waiter its whole patience after each fault's
+    /// obstruction ([`ModelConfig::obstruction`]): on wherever `progress`
+    /// is checked, off in a run of the safety properties alone
+    /// ([`ModelConfig::for_properties`]), which keeps the 32 s horizon.
+    pub progress_margin: bool,
     /// Latency bound of one message, ms of true time: every request and
     /// every reply may be in flight for up to this long while time passes.
     pub latency: u64,
@@ -291,14 +296,15 @@ impl Reductions {
 }
 
 impl ModelConfig {
-    /// The standard bounds for the safety properties of `protocol` under
-    /// `fault` ([`ModelConfig::for_properties`] gives those for progress):
+    /// The standard bounds for every property of `protocol` under `fault`
+    /// ([`ModelConfig::for_properties`] gives those for a group of them):
     /// [`standard_clients`] clients, one
     /// node (three for RedLock), a 10 s TTL (whole seconds, so that the
     /// book's `EXPIRE` in seconds means what it says), retries every 2–4 s,
     /// and a horizon just past the progress patience (32 s), later by the
     /// time the fault keeps every client out ([`ModelConfig::obstruction`];
-    /// a second fault's, [`ModelConfig::with_also`]).
+    /// a second fault's, [`ModelConfig::with_also`]) while
+    /// [`ModelConfig::progress_margin`] is on, as it is here.
     ///
     /// Time only stops at instants where something can change, so the scale
     /// costs no states; it keeps RedLock's `ttl/100 + 2 ms` drift allowance
@@ -320,6 +326,7 @@ impl ModelConfig {
             retry_jitter: 1_000,
             late_retries: 1,
             horizon: 32_000,
+            progress_margin: true,
             latency: 400,
             reply_timeout: 1_000,
             restart_ms: 1,
@@ -333,7 +340,11 @@ impl ModelConfig {
 
     /// The standard bounds for checking `properties` of `protocol` under
     /// `fault`: [`ModelConfig::new`], with [`PROGRESS_CLIENTS`] clients
-    /// when progress is the only property.
+    /// when progress is the only property, and without the
+    /// [`ModelConfig::progress_margin`] when progress is not checked: the
+    /// safety properties keep the 32 s horizon (at which they were checked
+    /// with the margin too, and gave the same verdicts; the margin only
+    /// matters for a waiter's patience).
     pub fn for_properties(
         protocol: ProtocolId,
         fault: Fault,
@@ -342,6 +353,10 @@ impl ModelConfig {
         let mut cfg = ModelConfig::new(protocol, fault);
         if properties == [PropertyId::Progress] {
             cfg.clients = PROGRESS_CLIENTS;
+        }
+        if !properties.contains(&PropertyId::Progress) {
+            cfg.horizon -= ModelConfig::obstruction(fault, cfg.ttl);
+            cfg.progress_margin = false;
         }
         cfg
     }
@@ -373,26 +388,44 @@ impl ModelConfig {
         }
     }
 
-    /// How long `fault` keeps every client from the lock when it strikes,
-    /// beyond what a run without it would see: a delayed restart keeps
-    /// its node down for the TTL and a millisecond. `progress` counts a
-    /// waiter's patience from the end of such an obstruction, so the
-    /// horizon moves by as much: with 32 s against a patience of 30 s, a
-    /// waiter starved by a restart at 2 s could only be judged after 42 s,
-    /// and `restart-delayed` × `progress` read `holds` wherever `restart`
-    /// × `progress` is violated.
+    /// How much longer than a TTL `fault` may keep every client from the
+    /// lock when it strikes: a delayed restart keeps its node down for the
+    /// TTL and a millisecond; a pause, a cut (of a node from every client,
+    /// or of one client from a quorum) and a message held up beyond the
+    /// latency bound last as long as the run lets them, and the margin lets
+    /// them outlast a TTL by a millisecond, long enough for every lease
+    /// granted before they struck to run out. `progress` counts a waiter's
+    /// patience from the end of such an obstruction, so the horizon moves
+    /// by as much: with 32 s against a patience of 30 s, a waiter starved
+    /// by a restart at 2 s could only be judged after 42 s, and
+    /// `restart-delayed` × `progress` read `holds` wherever `restart` ×
+    /// `progress` is violated. The faults left out hold a waiter back by
+    /// at most a second, within the 2 s between the patience and the
+    /// horizon: a restart or a promotion takes 1 ms; a client's clock
+    /// stepped back keeps its holder inside 500 ms longer; a node clock
+    /// set back keeps keys 500 ms longer; split brain loses requests for
+    /// up to the 1 s reply timeout; a crash or a clock jump holds nobody
+    /// back at all (what it breaks lasts, and is judged like any
+    /// starvation).
     pub fn obstruction(fault: Fault, ttl: u64) -> u64 {
         match fault {
-            Fault::RestartDelayed => ttl + 1,
+            Fault::RestartDelayed
+            | Fault::Pause
+            | Fault::Partition
+            | Fault::ClientPartition
+            | Fault::Delay => ttl + 1,
             _ => 0,
         }
     }
 
     /// The same bounds with `second` acting too, once
-    /// ([`ModelConfig::also`]), the horizon moved by its obstruction.
+    /// ([`ModelConfig::also`]), the horizon moved by its obstruction when
+    /// the [`ModelConfig::progress_margin`] is on.
     pub fn with_also(mut self, second: Fault) -> ModelConfig {
         self.also = Some(second);
-        self.horizon += ModelConfig::obstruction(second, self.ttl);
+        if self.progress_margin {
+            self.horizon += ModelConfig::obstruction(second, self.ttl);
+        }
         self
     }
 
@@ -1533,15 +1566,14 @@ impl LockModel {
                 Event::Denied | Event::Failed(_) if matches!(client.phase, Phase::Acquiring) => {
                     client.phase = Phase::Done;
                 }
-                Event::Denied
-                | Event::Lost
-                | Event::Failed(_)
-                | Event::RenewalFailed(_)
-                | Event::Released { .. } => {
+                Event::Denied | Event::Lost | Event::Failed(_) | Event::Released { .. } => {
                     client.waiting_since = None;
                     client.phase = Phase::Done;
                 }
-                Event::NotExtended { .. } => {}
+                // The old lease stands and renewal tries again (the core's
+                // contract): the holder is still inside and will release.
+                // Leaving here would abandon a machine that renews.
+                Event::NotExtended { .. } | Event::RenewalFailed(_) => {}
             }
         }
     }
@@ -2558,11 +2590,20 @@ impl LockModel {
                 let client = &mut s.clients[usize::from(c)];
                 let now = client.clock.at(s.time);
                 if let Phase::Holding(lease) = &client.phase {
-                    client.phase = if now < lease.valid_until {
-                        Phase::Checked(lease.clone())
+                    if now < lease.valid_until {
+                        client.phase = Phase::Checked(lease.clone());
                     } else {
-                        Phase::Done
-                    };
+                        // Its validity ran out before it wrote: it skips the
+                        // write and gives the lock back, as a front end's
+                        // guard does when it is dropped. Leaving without the
+                        // release would leak a hold that a renewing machine
+                        // keeps alive for ever (`Mutation::LeaksItsHold`).
+                        client.phase = match client.machine.release(now) {
+                            Ok(()) => Phase::Releasing,
+                            Err(_) => Phase::Done,
+                        };
+                        self.drain(&mut s, c);
+                    }
                 }
             }
             Action::Write(c) => {

@@ -79,7 +79,7 @@ fn svg_name(id: ProtocolId, f: Fault, p: PropertyId) -> String {
 fn bounds(protocol: ProtocolId) -> String {
     let cfg = ModelConfig::new(protocol, Fault::None);
     format!(
-        "{} clients{}, {} node{}, TTL {} ms, retries every {}–{} ms plus up to {} ms of jitter, request latency up to {} ms, reply timeout {} ms, horizon {} ms ({} ms under `restart-delayed`, whose node stays down for the TTL: a waiter's patience counts from its return), one fault action per run",
+        "{} clients{}, {} node{}, TTL {} ms, retries every {}–{} ms plus up to {} ms of jitter, request latency up to {} ms, reply timeout {} ms, horizon {} ms (where `progress` is checked, {} ms under {}: each may keep every client out for longer than a TTL, and a waiter's patience counts from the end of such an obstruction), one fault action per run",
         cfg.clients,
         if cfg.clients == PROGRESS_CLIENTS {
             String::new()
@@ -95,7 +95,14 @@ fn bounds(protocol: ProtocolId) -> String {
         cfg.latency,
         cfg.reply_timeout,
         cfg.horizon,
-        ModelConfig::new(protocol, Fault::RestartDelayed).horizon
+        cfg.horizon + ModelConfig::obstruction(Fault::RestartDelayed, cfg.ttl),
+        english_list(
+            &Fault::ALL
+                .into_iter()
+                .filter(|&f| ModelConfig::obstruction(f, cfg.ttl) > 0)
+                .map(|f| format!("`{f}`"))
+                .collect::<Vec<_>>()
+        )
     )
 }
 
@@ -214,7 +221,7 @@ fn verdicts_md(computed: &Computed, rules: &[Rule]) -> String {
             all_hold.join(", ")
         );
     }
-    s.push_str(" (`model/tests/matrix.rs`, `every_column_that_holds_somewhere_can_fail`, computes this from the same runs and fails on a column that nothing breaks). Faults are optional actions, so such a violation may be one on which the fault does not act; that each fault leaves room to see a violation after it strikes, within the horizon, is a second test: the same mutant starves a waiter in a state where the fault has acted, under every fault (`a_starved_waiter_is_seen_after_every_fault`; under `delay`, after its lost-message strike, as holding a message up does not spend the fault's budget). It once failed for `restart-delayed`, whose node stays down for the TTL: a waiter's patience counts from the node's return, so at a 32 s horizon no starvation after it could be seen, and `watch-semaphore` × `restart-delayed` × `progress` read `ok`; the horizon of that column now moves by the node's time down. The margin is thin elsewhere: the horizon is 2 s past a waiter's patience, counted from the end of any obstruction (a node down or cut off from every client, a paused holder, a message held up beyond the latency bound), so a starvation that needs such an obstruction to last longer than about 2 s is not seen. No protocol is known to need one (those that can starve under `pause`, `delay` and `partition` already do), but nothing here shows that none does.\n\n");
+    s.push_str(" (`model/tests/matrix.rs`, `every_column_that_holds_somewhere_can_fail`, computes this from the same runs and fails on a column that nothing breaks). Faults are optional actions, so such a violation may be one on which the fault does not act; that each fault leaves room to see a violation after it strikes, within the horizon, is a second test: the same mutant starves a waiter in a state where the fault has acted, under every fault (`a_starved_waiter_is_seen_after_every_fault`; under `delay`, after its lost-message strike, as holding a message up does not spend the fault's budget). It once failed for `restart-delayed`, whose node stays down for the TTL: a waiter's patience counts from the node's return, so at a 32 s horizon no starvation after it could be seen, and `watch-semaphore` × `restart-delayed` × `progress` read `ok`; the horizon of that column now moves by the node's time down. Where `progress` is checked, the horizon now moves by a TTL and a millisecond under every fault that may keep the clients out that long (`ModelConfig::obstruction`: a node down or cut off from every client, a client cut off from a quorum, a paused holder, a message held up beyond the latency bound), so that such an obstruction may outlast every lease and still leave a waiter its whole patience. That longer horizon first flipped five cells under `pause` to `progress` violated; the trace showed the model's own client loop at fault: a holder whose validity ran out before it wrote left without releasing, and its renewal kept the lock for ever, as the `LeaksItsHold` mutant does on purpose. The client now releases there, as a front end's dropped guard does, and no verdict changed. The margin is still finite: a starvation that needs an obstruction longer than a TTL and about 2 s is not seen. Most runs check all four properties at once, and so the safety properties too at the longer horizon; the three-client safety runs of `setnx-getset` and `set-px-get-del` keep 32 s. At the longer horizon the safety properties of every protocol gave the same verdicts under these five faults as at 32 s.\n\n");
     s.push_str("Per protocol, the tests keep mutants where a row holds for a reason worth showing. An application that leaks its hold (it leaves after its write without releasing, while its machine goes on) starves the waiters under `none` wherever nothing ends the hold: `setnx-del` and `watch-semaphore`, which have no TTL, and the five protocols that renew their lease (`reentrant`, `fenced`, `time-fenced`, `lease-semaphore`, `time-fenced-semaphore`); the other nine keep progress, as their TTL frees the leaked hold (`a_leaked_hold_starves_the_waiters_unless_its_ttl_frees_it`). `watch-semaphore` keeps mutual exclusion under `restart` only because every acquire after it fails (the restart loses the max-size key): a front end that reads a missing size as its configured limit admits a second holder (`watch_semaphore_holds_under_restart_only_by_failing`). `fenced` keeps mutual exclusion under `client-step` by its renewal alone (`a_client_step_breaks_a_lease_that_does_not_renew`).\n");
     s.push_str("\n## Legend\n\n");
     s.push_str("| code | property | holds when |\n|---|---|---|\n");
@@ -673,3 +680,12 @@ const fn chaos(
 pub const CHAOS: &[ChaosTest] = &[
     chaos(ProtocolId::SetPxLua, Fault::Failover, PropertyId::MutualExclusion, "chaos/tests/failover.rs", "failover_loses_the_lock_and_wait_narrows_the_window", "the adapter itself, over a master and a replica whose link is cut: the unreplicated grant is lost when the replica is promoted and a second client acquires; with `WAIT 1` the grant is refused, and only the unwaited extend remains a window"),
 ];
+
+/// `a`, `a and b`, `a, b and c`.
+fn english_list(items: &[String]) -> String {
+    match items.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
