@@ -260,8 +260,8 @@ fn the_lease_semaphores_hold_under_delay_with_a_third_client() {
 /// fenced-resource there, the machine as it is (a new token after an
 /// unanswered undo round) holds every property over the whole space
 /// (11.7 million states at the horizon of a progress run under `delay`).
-/// At the standard bounds (two clients, three masters) the old machine holds every property: that run cannot
-/// see the mutation.
+/// At the standard bounds (two clients, three masters) the old machine
+/// holds every property: that run cannot see the mutation.
 #[test]
 fn a_late_redlock_undo_is_caught_with_a_third_client() {
     let mut cfg = ModelConfig::new(ProtocolId::Redlock, Fault::Delay);
