@@ -32,7 +32,7 @@ use crate::notices::Hub;
 use crate::source::{SentinelGroup, Source};
 use crate::wire;
 use crate::{Error, OptionsError};
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either};
 use lockwright_core::keyspace::Reply;
 use lockwright_core::{Outcome, Request, RequestId};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -53,6 +53,50 @@ pub(crate) enum Conn {
     Single(MultiplexedConnection),
     /// A Cluster.
     Cluster(ClusterConnection),
+}
+
+/// A single node's request runs on redis-rs' own future (no boxed future
+/// per request, which `ConnectionLike` would make); a Cluster's through
+/// `ConnectionLike`, which routes it.
+impl wire::Sends for Conn {
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl std::future::Future<Output = Result<Value, RedisError>> + Send + 'a {
+        match self {
+            Conn::Single(c) => Either::Left(c.send_packed_command(cmd)),
+            Conn::Cluster(c) => Either::Right(c.req_packed_command(cmd)),
+        }
+    }
+
+    fn send_many<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        self.req_packed_commands(pipeline, offset, count)
+    }
+}
+
+/// A hold's own connection (the protocols that `WATCH`): as [`Conn`]'s
+/// single node.
+impl wire::Sends for MultiplexedConnection {
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl std::future::Future<Output = Result<Value, RedisError>> + Send + 'a {
+        self.send_packed_command(cmd)
+    }
+
+    fn send_many<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        self.req_packed_commands(pipeline, offset, count)
+    }
 }
 
 impl ConnectionLike for Conn {
@@ -867,7 +911,7 @@ impl Route {
                 Some(mut live) => {
                     let deadline = (tokio::time::Instant::now() + timeout, live.generation);
                     let future = Box::pin(async move {
-                        let result = wire::execute_reply(&mut live.conn, &request.command).await;
+                        let result = wire::execute_reply_on(&mut live.conn, &request.command).await;
                         (demoted(result.map_err(|e| classify(&e))), None)
                     });
                     (future, Some(deadline))
@@ -911,12 +955,12 @@ fn finished(id: RequestId, node: usize, result: Result<Reply, Failure>) -> Finis
 
 /// Run `request` on `conn` within `timeout`. `Err`: a connection problem or
 /// the timeout (the outcome is unknown); server errors are replies.
-async fn execute<C: ConnectionLike + Send>(
+async fn execute<C: wire::Sends>(
     conn: &mut C,
     request: &Request,
     timeout: Duration,
 ) -> Result<Reply, Failure> {
-    match tokio::time::timeout(timeout, wire::execute_reply(conn, &request.command)).await {
+    match tokio::time::timeout(timeout, wire::execute_reply_on(conn, &request.command)).await {
         Ok(Ok(reply)) => Ok(reply),
         Ok(Err(e)) => Err(classify(&e)),
         Err(_) => Err(Failure::transient(no_reply_within(timeout))),

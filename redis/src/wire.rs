@@ -6,6 +6,7 @@
 use lockwright_core::keyspace::{Arg, Command, Reply};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Value};
+use std::future::Future;
 
 /// The Redis commands written for a core [`Command`], in order: its
 /// argument vectors ([`Command::for_each_vector`]), so `MULTI`, the inner
@@ -115,9 +116,59 @@ pub async fn execute<C: ConnectionLike + Send + ?Sized>(
     conn: &mut C,
     command: &Command,
 ) -> Result<Value, RedisError> {
+    execute_on(&mut Boxed(conn), command).await
+}
+
+/// A connection that runs packed commands: any redis-rs connection through
+/// its [`ConnectionLike`] methods ([`Boxed`]), or one that runs a single
+/// command without the boxed future those make (the driver's connections,
+/// one allocation less per request).
+pub(crate) trait Sends: Send {
+    /// Run `cmd` and return its reply.
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a;
+
+    /// Write `pipeline` and return `count` replies after the first `offset`
+    /// (as [`ConnectionLike::req_packed_commands`]).
+    fn send_many<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>>;
+}
+
+/// A redis-rs connection, run through [`ConnectionLike`].
+pub(crate) struct Boxed<'c, C: ?Sized>(pub(crate) &'c mut C);
+
+impl<C: ConnectionLike + Send + ?Sized> Sends for Boxed<'_, C> {
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn send_many<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+}
+
+/// [`execute`] on any [`Sends`].
+pub(crate) async fn execute_on<S: Sends + ?Sized>(
+    conn: &mut S,
+    command: &Command,
+) -> Result<Value, RedisError> {
     let first = match command {
         Command::Transaction(_) => send(conn, &to_cmds(command)).await,
-        single => conn.req_packed_command(&single_cmd(single)).await,
+        single => conn.send_one(&single_cmd(single)).await,
     };
     // The script's text only when the server asked for it (building the
     // `EVAL` vector copies the whole script).
@@ -127,19 +178,16 @@ pub async fn execute<C: ConnectionLike + Send + ?Sized>(
     match (command, command.eval_text_argv()) {
         (Command::Eval { script, .. }, Some(text)) => {
             tracing::debug!(script = script.name(), "NOSCRIPT: sending the script text");
-            conn.req_packed_command(&from_argv(&text)).await
+            conn.send_one(&from_argv(&text)).await
         }
         _ => first,
     }
 }
 
 /// Write `cmds` together and return the reply to the last one.
-async fn send<C: ConnectionLike + Send + ?Sized>(
-    conn: &mut C,
-    cmds: &[Cmd],
-) -> Result<Value, RedisError> {
+async fn send<S: Sends + ?Sized>(conn: &mut S, cmds: &[Cmd]) -> Result<Value, RedisError> {
     match cmds {
-        [single] => conn.req_packed_command(single).await,
+        [single] => conn.send_one(single).await,
         // `MULTI` … `EXEC`: an atomic pipeline writes exactly these frames,
         // and a cluster connection routes it to one node as a whole.
         [_multi, inner @ .., _exec] => {
@@ -149,7 +197,7 @@ async fn send<C: ConnectionLike + Send + ?Sized>(
                 pipe.add_command(c.clone());
             }
             // Skip MULTI's OK and every QUEUED; read EXEC's reply only.
-            let mut replies = conn.req_packed_commands(&pipe, inner.len() + 1, 1).await?;
+            let mut replies = conn.send_many(&pipe, inner.len() + 1, 1).await?;
             Ok(replies.pop().unwrap_or(Value::Nil))
         }
         [] => Ok(Value::Nil),
@@ -162,7 +210,15 @@ pub async fn execute_reply<C: ConnectionLike + Send + ?Sized>(
     conn: &mut C,
     command: &Command,
 ) -> Result<Reply, RedisError> {
-    match execute(conn, command).await {
+    execute_reply_on(&mut Boxed(conn), command).await
+}
+
+/// [`execute_reply`] on any [`Sends`].
+pub(crate) async fn execute_reply_on<S: Sends + ?Sized>(
+    conn: &mut S,
+    command: &Command,
+) -> Result<Reply, RedisError> {
+    match execute_on(conn, command).await {
         Ok(v) => Ok(to_reply(v)),
         Err(e) => match server_error_text(&e) {
             Some(text) => Ok(Reply::Error(text)),
