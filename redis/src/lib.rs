@@ -32,9 +32,7 @@
 //!   node of a `Nodes`, shared by all its locks (one channel per lock with
 //!   waiters); each lock's waiters served in line, one attempt per release
 //!   notice, and a fallback retry no later than polling's.
-//! - Owner tokens are 128 bits from the OS CSPRNG, read in batches (a
-//!   child process that forks without `exec` calls
-//!   [`token::forget_unused`] first). AUTH comes from the
+//! - Owner tokens are 128 bits from the OS CSPRNG. AUTH comes from the
 //!   `redis://user:password@host` URL, TLS from `rediss://` URLs (with the
 //!   crate feature `tls`); no password or owner token reaches Debug output
 //!   or logs. Every operation runs in a `tracing` span.
