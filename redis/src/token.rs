@@ -18,9 +18,11 @@ fn token_of(bytes: &[u8; 16]) -> Token {
         pair[0] = HEX[usize::from(b >> 4)];
         pair[1] = HEX[usize::from(b & 0xf)];
     }
-    // Hex digits are ASCII: the lossy conversion borrows them unchanged
-    // (it cannot fail, and cannot yield an empty token).
-    Token(std::sync::Arc::from(&*String::from_utf8_lossy(&hex)))
+    // Hex digits are ASCII, so this cannot fail (and a token is never
+    // empty: the default is unreachable). A plain check, where the lossy
+    // conversion walked the text in chunks.
+    let text = std::str::from_utf8(&hex).unwrap_or("00000000000000000000000000000000");
+    Token(std::sync::Arc::from(text))
 }
 
 /// An owner token and a jitter seed from one read of the OS CSPRNG.
