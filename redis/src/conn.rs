@@ -59,6 +59,10 @@ pub(crate) enum Conn {
 /// per request, which `ConnectionLike` would make); a Cluster's through
 /// `ConnectionLike`, which routes it.
 impl wire::Sends for Conn {
+    fn like(&mut self) -> &mut (dyn ConnectionLike + Send) {
+        self
+    }
+
     fn send_one<'a>(
         &'a mut self,
         cmd: &'a redis::Cmd,
@@ -67,35 +71,6 @@ impl wire::Sends for Conn {
             Conn::Single(c) => Either::Left(c.send_packed_command(cmd)),
             Conn::Cluster(c) => Either::Right(c.req_packed_command(cmd)),
         }
-    }
-
-    fn send_many<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        self.req_packed_commands(pipeline, offset, count)
-    }
-}
-
-/// A hold's own connection (the protocols that `WATCH`): as [`Conn`]'s
-/// single node.
-impl wire::Sends for MultiplexedConnection {
-    fn send_one<'a>(
-        &'a mut self,
-        cmd: &'a redis::Cmd,
-    ) -> impl std::future::Future<Output = Result<Value, RedisError>> + Send + 'a {
-        self.send_packed_command(cmd)
-    }
-
-    fn send_many<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        self.req_packed_commands(pipeline, offset, count)
     }
 }
 
@@ -1001,18 +976,24 @@ async fn run_own(
     request: &Request,
     timeout: Duration,
 ) -> (Result<Reply, Failure>, Option<MultiplexedConnection>) {
-    let mut conn = match conn {
+    let conn = match conn {
         Some(conn) => conn,
         None => match connect_to(source, timeout).await {
             Ok(conn) => conn,
             Err(e) => return (Err(classify(&e)), None),
         },
     };
+    // As a single node's `Conn`, so that the command runs on redis-rs' own
+    // future, unboxed.
+    let mut conn = Conn::Single(conn);
     let result = demoted(execute(&mut conn, request, timeout).await);
     // After a failure the connection (and any WATCH on it) is dropped: the
     // next request reconnects, and the server forgets the watch with the
     // old socket.
-    let keep = result.is_ok().then_some(conn);
+    let keep = match conn {
+        Conn::Single(conn) if result.is_ok() => Some(conn),
+        _ => None,
+    };
     (result, keep)
 }
 

@@ -112,7 +112,7 @@ fn is_noscript(result: &Result<Value, RedisError>) -> bool {
 /// runs as `EVALSHA`, falling back to `EVAL` with the script's text when
 /// the server answers `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a
 /// failover).
-pub async fn execute<C: ConnectionLike + Send + ?Sized>(
+pub async fn execute<C: ConnectionLike + Send>(
     conn: &mut C,
     command: &Command,
 ) -> Result<Value, RedisError> {
@@ -124,40 +124,25 @@ pub async fn execute<C: ConnectionLike + Send + ?Sized>(
 /// command without the boxed future those make (the driver's connections,
 /// one allocation less per request).
 pub(crate) trait Sends: Send {
-    /// Run `cmd` and return its reply.
-    fn send_one<'a>(
-        &'a mut self,
-        cmd: &'a Cmd,
-    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a;
+    /// The connection as redis-rs sees it.
+    fn like(&mut self) -> &mut (dyn ConnectionLike + Send);
 
-    /// Write `pipeline` and return `count` replies after the first `offset`
-    /// (as [`ConnectionLike::req_packed_commands`]).
-    fn send_many<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>>;
-}
-
-/// A redis-rs connection, run through [`ConnectionLike`].
-pub(crate) struct Boxed<'c, C: ?Sized>(pub(crate) &'c mut C);
-
-impl<C: ConnectionLike + Send + ?Sized> Sends for Boxed<'_, C> {
+    /// Run `cmd` and return its reply (by default through
+    /// [`ConnectionLike::req_packed_command`]).
     fn send_one<'a>(
         &'a mut self,
         cmd: &'a Cmd,
     ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
-        self.0.req_packed_command(cmd)
+        self.like().req_packed_command(cmd)
     }
+}
 
-    fn send_many<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        self.0.req_packed_commands(pipeline, offset, count)
+/// A redis-rs connection, run through [`ConnectionLike`].
+pub(crate) struct Boxed<'c, C>(pub(crate) &'c mut C);
+
+impl<C: ConnectionLike + Send> Sends for Boxed<'_, C> {
+    fn like(&mut self) -> &mut (dyn ConnectionLike + Send) {
+        self.0
     }
 }
 
@@ -197,7 +182,10 @@ async fn send<S: Sends + ?Sized>(conn: &mut S, cmds: &[Cmd]) -> Result<Value, Re
                 pipe.add_command(c.clone());
             }
             // Skip MULTI's OK and every QUEUED; read EXEC's reply only.
-            let mut replies = conn.send_many(&pipe, inner.len() + 1, 1).await?;
+            let mut replies = conn
+                .like()
+                .req_packed_commands(&pipe, inner.len() + 1, 1)
+                .await?;
             Ok(replies.pop().unwrap_or(Value::Nil))
         }
         [] => Ok(Value::Nil),
@@ -206,7 +194,7 @@ async fn send<S: Sends + ?Sized>(conn: &mut S, cmds: &[Cmd]) -> Result<Value, Re
 
 /// [`execute`], with the answer turned into a core reply. `Err` carries a
 /// connection problem (the outcome is unknown); server errors are replies.
-pub async fn execute_reply<C: ConnectionLike + Send + ?Sized>(
+pub async fn execute_reply<C: ConnectionLike + Send>(
     conn: &mut C,
     command: &Command,
 ) -> Result<Reply, RedisError> {
