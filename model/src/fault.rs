@@ -101,9 +101,8 @@ impl Fault {
 
     /// Every fault, the columns first, then the restart and failover
     /// variants. `split-brain` is a variant for its cost: a second master
-    /// for the rest of a run makes it the costliest fault to check (about
-    /// 51 million states over the sixteen protocols; the twelve columns
-    /// together about 81 million, `client-step` one of them), and a pairs table with it
+    /// for the rest of a run makes it the costliest single fault to check,
+    /// and a pairs table with it
     /// would not fit a test run (`split-brain+delay` of `set-px-lua` alone
     /// passed 3 GB and two minutes unfinished).
     pub const ALL: [Fault; 16] = [

@@ -19,7 +19,9 @@
 //! Every client runs one round: acquire (retrying until the horizon), hold
 //! for any time up to its validity (time stops at its last millisecond, so
 //! a holder may use all of it), check its validity, write to the protected
-//! resource, release. The check and the write are separate steps, so a
+//! resource, release. A holder whose validity has run out when it checks
+//! skips the write and releases at once, as a front end's dropped guard
+//! does. The check and the write are separate steps, so a
 //! pause can fall between them. A retry fires when its machine armed it or
 //! at any instant (a model instant, not any millisecond) up to
 //! [`ModelConfig::retry_jitter`] later. The adapter's jittered backoff draws
@@ -118,6 +120,12 @@ pub struct ModelConfig {
     pub late_retries: u8,
     /// True time at which exploration stops.
     pub horizon: u64,
+    /// How long a waiter may go without a live holder inside before
+    /// `progress` counts as violated; `None` (every standard run): derived
+    /// from the bounds, see [`ModelConfig::patience`]. The reductions test
+    /// sets it below most of its small horizons, so that `progress` can
+    /// fail there and be compared too.
+    pub patience: Option<u64>,
     /// The horizon leaves a waiter its whole patience after each fault's
     /// obstruction ([`ModelConfig::obstruction`]): on wherever `progress`
     /// is checked, off in a run of the safety properties alone
@@ -310,7 +318,14 @@ impl ModelConfig {
     /// costs no states; it keeps RedLock's `ttl/100 + 2 ms` drift allowance
     /// in proportion.
     pub fn new(protocol: ProtocolId, fault: Fault) -> ModelConfig {
-        let mut cfg = ModelConfig {
+        ModelConfig::standard(protocol, fault, true)
+    }
+
+    /// The standard bounds, with the horizon moved by `fault`'s obstruction
+    /// when `progress_margin` is on.
+    fn standard(protocol: ProtocolId, fault: Fault, progress_margin: bool) -> ModelConfig {
+        let ttl = 10_000;
+        ModelConfig {
             protocol,
             fault,
             also: None,
@@ -320,22 +335,25 @@ impl ModelConfig {
             } else {
                 1
             },
-            ttl: 10_000,
+            ttl,
             retry_base: 2_000,
             retry_max: 4_000,
             retry_jitter: 1_000,
             late_retries: 1,
-            horizon: 32_000,
-            progress_margin: true,
+            horizon: if progress_margin {
+                32_000 + ModelConfig::obstruction(fault, ttl)
+            } else {
+                32_000
+            },
+            patience: None,
+            progress_margin,
             latency: 400,
             reply_timeout: 1_000,
             restart_ms: 1,
             reductions: Reductions::ALL,
             mutation: None,
             after_fault: false,
-        };
-        cfg.horizon += ModelConfig::obstruction(fault, cfg.ttl);
-        cfg
+        }
     }
 
     /// The standard bounds for checking `properties` of `protocol` under
@@ -350,13 +368,10 @@ impl ModelConfig {
         fault: Fault,
         properties: &[PropertyId],
     ) -> ModelConfig {
-        let mut cfg = ModelConfig::new(protocol, fault);
+        let progress = properties.contains(&PropertyId::Progress);
+        let mut cfg = ModelConfig::standard(protocol, fault, progress);
         if properties == [PropertyId::Progress] {
             cfg.clients = PROGRESS_CLIENTS;
-        }
-        if !properties.contains(&PropertyId::Progress) {
-            cfg.horizon -= ModelConfig::obstruction(fault, cfg.ttl);
-            cfg.progress_margin = false;
         }
         cfg
     }
@@ -388,9 +403,10 @@ impl ModelConfig {
         }
     }
 
-    /// How much longer than a TTL `fault` may keep every client from the
-    /// lock when it strikes: a delayed restart keeps its node down for the
-    /// TTL and a millisecond; a pause, a cut (of a node from every client,
+    /// How long `fault` may keep every client from the lock when it
+    /// strikes, as far as the horizon must allow for it: 0 for most faults,
+    /// a TTL and a millisecond for the five below. A delayed restart keeps
+    /// its node down for the TTL and a millisecond; a pause, a cut (of a node from every client,
     /// or of one client from a quorum) and a message held up beyond the
     /// latency bound last as long as the run lets them, and the margin lets
     /// them outlast a TTL by a millisecond, long enough for every lease
@@ -435,9 +451,13 @@ impl ModelConfig {
     }
 
     /// How long a waiting client may wait with no live holder inside
-    /// before `progress` counts as violated.
+    /// before `progress` counts as violated: [`ModelConfig::patience`]'s
+    /// field when set, else two TTLs and two of the longest retries (a
+    /// lease left by a crashed holder runs out, and a waiter's retry comes,
+    /// twice over).
     pub fn patience(&self) -> u64 {
-        2 * self.ttl + 2 * self.longest_retry()
+        self.patience
+            .unwrap_or(2 * self.ttl + 2 * self.longest_retry())
     }
 
     /// The longest retry delay with jitter.
@@ -624,7 +644,8 @@ pub enum Phase {
     Holding(Lease),
     /// Checked that its validity has not run out; the write comes next.
     Checked(Lease),
-    /// Wrote (or was refused) and is releasing.
+    /// Wrote (or was refused), or found at its check that its validity had
+    /// run out, and is releasing.
     Releasing,
     /// Finished its round (released, denied, lost or failed).
     Done,
@@ -768,7 +789,7 @@ impl ClientState {
     /// stuck. Here stuck is paused: a running holder must act at the
     /// instant its validity ends (it is an obligation, see
     /// [`LockModel::next_instant`]: time cannot pass it before the holder
-    /// checks and leaves), and a checked holder writes at the instant it
+    /// checks and releases), and a checked holder writes at the instant it
     /// checked, so a paused holder whose clock is past its validity was
     /// paused when the validity ended, or at the instant it learnt of a
     /// lease already over: a grant or an extension whose reply came after
@@ -1520,6 +1541,20 @@ impl LockModel {
             self.drain(&mut state, c);
         }
         state
+    }
+
+    /// Client `c` gives the lock back, after its write or at a check that
+    /// found its validity over: its machine releases and the client waits
+    /// in [`Phase::Releasing`] for the outcome, or, should the machine
+    /// refuse, the client is done.
+    fn give_back(&self, state: &mut State, c: u8) {
+        let client = &mut state.clients[usize::from(c)];
+        let now = client.clock.at(state.time);
+        client.phase = match client.machine.release(now) {
+            Ok(()) => Phase::Releasing,
+            Err(_) => Phase::Done,
+        };
+        self.drain(state, c);
     }
 
     /// Move a client's requests onto the wire and react to its events.
@@ -2598,11 +2633,7 @@ impl LockModel {
                         // guard does when it is dropped. Leaving without the
                         // release would leak a hold that a renewing machine
                         // keeps alive for ever (`Mutation::LeaksItsHold`).
-                        client.phase = match client.machine.release(now) {
-                            Ok(()) => Phase::Releasing,
-                            Err(_) => Phase::Done,
-                        };
-                        self.drain(&mut s, c);
+                        self.give_back(&mut s, c);
                     }
                 }
             }
@@ -2626,16 +2657,10 @@ impl LockModel {
                     }
                     r.newest_grant = r.newest_grant.max(grant);
                 }
-                let client = &mut s.clients[ci];
                 if matches!(self.cfg.mutation, Some(Mutation::LeaksItsHold)) {
-                    client.phase = Phase::Done;
+                    s.clients[ci].phase = Phase::Done;
                 } else {
-                    let now = client.clock.at(s.time);
-                    client.phase = match client.machine.release(now) {
-                        Ok(()) => Phase::Releasing,
-                        Err(_) => Phase::Done,
-                    };
-                    self.drain(&mut s, c);
+                    self.give_back(&mut s, c);
                 }
             }
             Action::Tick(t) => {
