@@ -801,3 +801,69 @@ fn a_starved_waiter_is_seen_after_every_fault() {
     }
     assert!(unseen.is_empty(), "no starvation seen after {unseen:?}");
 }
+
+/// A paused client whose hold the servers still keep holds waiters back,
+/// in whatever phase the pause caught it: here `setnx-del`'s holder has
+/// written and sent the first command of its release when it pauses, so
+/// it is no longer inside, but its key stays. While it is paused the
+/// waiters' patience counts from every instant (`State::last_inside`
+/// moves with time), as it does behind a paused holder that is still
+/// inside; without that, a waiter behind a paused releaser was judged
+/// from the pause on, and this fails.
+#[test]
+fn a_paused_client_whose_hold_stays_holds_waiters_back() {
+    use lockwright_model::{Action, State};
+    let model = standard_model(ProtocolId::SetnxDel, Fault::Pause);
+    let step = |s: &State, a: Action| model.step(s, &a).unwrap();
+    // c0 takes the lock: its SETNX runs and the grant comes back.
+    let mut s = model.initial();
+    for _ in 0..8 {
+        if s.clients[0].phase != lockwright_model::model::Phase::Acquiring {
+            break;
+        }
+        let a = enabled_in(&model, &s)
+            .into_iter()
+            .find(|a| {
+                matches!(
+                    a,
+                    Action::RoundTrip { client: 0, .. }
+                        | Action::Deliver { client: 0, .. }
+                        | Action::Receive { client: 0, .. }
+                )
+            })
+            .expect("c0's acquire goes on");
+        s = step(&s, a);
+    }
+    s = step(&s, Action::Check(0));
+    s = step(&s, Action::Write(0));
+    assert_eq!(
+        s.clients[0].phase,
+        lockwright_model::model::Phase::Releasing
+    );
+    s = step(&s, Action::Pause(0));
+    assert!(s.clients[0].at_server, "c0's key is still at the node");
+    // Time passes while c0 stays paused; c1 keeps trying.
+    let mut ticks = 0;
+    while s.time < 20_000 {
+        let actions = enabled_in(&model, &s);
+        let next = actions
+            .iter()
+            .find(|a| matches!(a, Action::Tick(_)))
+            .or_else(|| actions.iter().find(|a| !matches!(a, Action::Resume(_))))
+            .expect("something but the resumption is enabled")
+            .clone();
+        s = step(&s, next.clone());
+        if matches!(next, Action::Tick(_)) {
+            ticks += 1;
+            assert!(s.clients[0].paused && s.clients[0].at_server);
+            assert_eq!(
+                s.last_inside, s.time,
+                "a paused client's hold obstructs at t={}",
+                s.time
+            );
+            assert!(model.holds_in(PropertyId::Progress, &s));
+        }
+    }
+    assert!(ticks > 2, "time passed {ticks} times");
+    assert!(s.clients[1].waiting_since.is_some(), "c1 still waits");
+}
