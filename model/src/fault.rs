@@ -298,7 +298,7 @@ pub enum PropertyId {
     OwnerOnly,
     /// A running waiting client does not wait longer than `2·ttl + 2·longest
     /// retry delay (with jitter)` while no live client is inside, no paused
-    /// client's hold is still at the servers, and every
+    /// client that has not finished still holds at the servers, and every
     /// node is up and reachable (no deadlock, no leaked permit); a client
     /// cut off alone (`client-partition`) from its node, or from so many
     /// RedLock masters that it cannot reach a majority, is excused until the

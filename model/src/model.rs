@@ -1198,9 +1198,10 @@ pub struct State {
     /// recipe's rule ([`LockModel::by_rule`]) removed or changed another
     /// owner's hold, or set an expiry on it (ghost, sticky).
     pub owner_violation: bool,
-    /// Last true time a live client was inside, a paused client still held
-    /// at the servers, or a node was cut off from every client or down: a
-    /// waiter's patience runs from here.
+    /// Last true time a live client was inside, a paused client that will
+    /// still give its hold back held it at the servers, a node was cut off
+    /// from every client or down, or a message was held up beyond the
+    /// latency bound: a waiter's patience runs from here.
     pub last_inside: u64,
     /// The masters from this one on are interchangeable
     /// ([`Reductions::master_symmetry`]); the number of nodes when none are
@@ -2278,15 +2279,20 @@ impl LockModel {
         let t = state.time;
         // A node down or cut off from every client obstructs every client;
         // a cut of one client excuses that client alone (`progress`). So
-        // does a paused client whose hold the servers still keep, in
-        // whatever phase the pause caught it: a paused holder counts as
-        // inside, and one paused after its write, before its release went
-        // out, keeps the lock just as long. (Without this, a waiter behind
-        // a paused releaser was judged from the pause on, and behind a
-        // paused holder only from its resumption.)
+        // does a paused client whose hold the servers still keep and that
+        // will still give it back (acquiring, holding or releasing, not
+        // done: a hold a finished client left behind is leaked, paused or
+        // not): a paused holder counts as inside, and one paused after its
+        // write, before its release went out, keeps the lock just as long.
+        // (Without this, a waiter behind a paused releaser was judged from
+        // the pause on, and behind a paused holder only from its
+        // resumption.)
         let every = self.every_client();
         let obstructed = state.nodes.iter().any(|n| !n.up(t) || n.cut == every);
-        let stuck_with_hold = state.clients.iter().any(|c| c.paused && c.at_server);
+        let stuck_with_hold = state
+            .clients
+            .iter()
+            .any(|c| c.paused && !c.crashed && c.at_server && c.phase != Phase::Done);
         if obstructed || stuck_with_hold || state.clients.iter().any(|c| c.inside(t)) {
             state.last_inside = t;
         }

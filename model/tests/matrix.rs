@@ -802,68 +802,124 @@ fn a_starved_waiter_is_seen_after_every_fault() {
     assert!(unseen.is_empty(), "no starvation seen after {unseen:?}");
 }
 
-/// A paused client whose hold the servers still keep holds waiters back,
-/// in whatever phase the pause caught it: here `setnx-del`'s holder has
-/// written and sent the first command of its release when it pauses, so
-/// it is no longer inside, but its key stays. While it is paused the
-/// waiters' patience counts from every instant (`State::last_inside`
-/// moves with time), as it does behind a paused holder that is still
-/// inside; without that, a waiter behind a paused releaser was judged
-/// from the pause on, and this fails.
+/// A paused client whose hold the servers still keep holds waiters back
+/// while it is paused, in whatever unfinished phase the pause caught it:
+/// here a holder that has written and whose release is emitted but not
+/// yet written when it pauses (where the model's pause falls), so it is
+/// no longer inside, but its key stays. `setnx-del`'s key never expires:
+/// paused to the horizon, the waiter's patience keeps moving with time
+/// (`State::last_inside`) and `progress` holds throughout, as it does
+/// behind a paused holder that is still inside; with the old rule, which
+/// excused only the holder, the waiter was judged from the pause on and
+/// `progress` fails here after its 30 s patience. `set-px-lua`'s key
+/// expires after its TTL: from then on the paused client obstructs no
+/// longer and the patience stops moving (a rule that excused every paused
+/// client would fail there).
 #[test]
 fn a_paused_client_whose_hold_stays_holds_waiters_back() {
-    use lockwright_model::{Action, State};
-    let model = standard_model(ProtocolId::SetnxDel, Fault::Pause);
-    let step = |s: &State, a: Action| model.step(s, &a).unwrap();
-    // c0 takes the lock: its SETNX runs and the grant comes back.
-    let mut s = model.initial();
-    for _ in 0..8 {
-        if s.clients[0].phase != lockwright_model::model::Phase::Acquiring {
-            break;
+    use lockwright_model::model::Phase;
+    use lockwright_model::{Action, LockModel, State};
+    // c0 takes the lock, writes, emits its release and pauses; then time
+    // passes (and c1 tries) until `until` says stop, c0 never resuming.
+    // Each state after time passed is handed to `each`.
+    fn pause_a_releaser(
+        model: &LockModel,
+        mut until: impl FnMut(&State) -> bool,
+        mut each: impl FnMut(&State),
+    ) -> State {
+        let step = |s: &State, a: Action| model.step(s, &a).unwrap();
+        let mut s = model.initial();
+        for _ in 0..8 {
+            if s.clients[0].phase != Phase::Acquiring {
+                break;
+            }
+            let a = enabled_in(model, &s)
+                .into_iter()
+                .find(|a| {
+                    matches!(
+                        a,
+                        Action::RoundTrip { client: 0, .. }
+                            | Action::Deliver { client: 0, .. }
+                            | Action::Receive { client: 0, .. }
+                    )
+                })
+                .expect("c0's acquire goes on");
+            s = step(&s, a);
         }
-        let a = enabled_in(&model, &s)
-            .into_iter()
-            .find(|a| {
-                matches!(
-                    a,
-                    Action::RoundTrip { client: 0, .. }
-                        | Action::Deliver { client: 0, .. }
-                        | Action::Receive { client: 0, .. }
-                )
-            })
-            .expect("c0's acquire goes on");
-        s = step(&s, a);
+        s = step(&s, Action::Check(0));
+        s = step(&s, Action::Write(0));
+        assert_eq!(s.clients[0].phase, Phase::Releasing);
+        s = step(&s, Action::Pause(0));
+        assert!(s.clients[0].at_server, "c0's key is still at the node");
+        while !until(&s) {
+            let actions = enabled_in(model, &s);
+            let next = actions
+                .iter()
+                .find(|a| matches!(a, Action::Tick(_)))
+                .or_else(|| actions.iter().find(|a| !matches!(a, Action::Resume(_))))
+                .expect("something but the resumption is enabled")
+                .clone();
+            s = step(&s, next.clone());
+            assert!(s.clients[0].paused);
+            if matches!(next, Action::Tick(_)) {
+                each(&s);
+            }
+        }
+        s
     }
-    s = step(&s, Action::Check(0));
-    s = step(&s, Action::Write(0));
-    assert_eq!(
-        s.clients[0].phase,
-        lockwright_model::model::Phase::Releasing
-    );
-    s = step(&s, Action::Pause(0));
-    assert!(s.clients[0].at_server, "c0's key is still at the node");
-    // Time passes while c0 stays paused; c1 keeps trying.
+    // No expiry: paused to the horizon, the waiter is excused throughout.
+    let model = LockModel::new(
+        lockwright_model::ModelConfig::for_properties(
+            ProtocolId::SetnxDel,
+            Fault::Pause,
+            &[PropertyId::Progress],
+        ),
+        vec![PropertyId::Progress],
+    )
+    .expect("the standard bounds are valid");
+    let horizon = model.cfg.horizon;
     let mut ticks = 0;
-    while s.time < 20_000 {
-        let actions = enabled_in(&model, &s);
-        let next = actions
-            .iter()
-            .find(|a| matches!(a, Action::Tick(_)))
-            .or_else(|| actions.iter().find(|a| !matches!(a, Action::Resume(_))))
-            .expect("something but the resumption is enabled")
-            .clone();
-        s = step(&s, next.clone());
-        if matches!(next, Action::Tick(_)) {
+    let end = pause_a_releaser(
+        &model,
+        |s| s.time >= horizon,
+        |s| {
             ticks += 1;
-            assert!(s.clients[0].paused && s.clients[0].at_server);
+            assert!(s.clients[0].at_server);
             assert_eq!(
                 s.last_inside, s.time,
                 "a paused client's hold obstructs at t={}",
                 s.time
             );
-            assert!(model.holds_in(PropertyId::Progress, &s));
-        }
-    }
+            assert!(
+                model.holds_in(PropertyId::Progress, s),
+                "progress at t={}",
+                s.time
+            );
+        },
+    );
     assert!(ticks > 2, "time passed {ticks} times");
-    assert!(s.clients[1].waiting_since.is_some(), "c1 still waits");
+    assert!(
+        end.time > model.cfg.patience() + 1_000,
+        "the run outlasts a patience"
+    );
+    assert!(end.clients[1].waiting_since.is_some(), "c1 still waits");
+    // A TTL: once the key has expired, the paused client obstructs no more.
+    let model = standard_model(ProtocolId::SetPxLua, Fault::Pause);
+    let mut lapsed = None;
+    pause_a_releaser(
+        &model,
+        |s| !s.clients[0].at_server,
+        |s| {
+            if s.clients[0].at_server {
+                assert_eq!(s.last_inside, s.time, "the key is still there");
+            } else {
+                lapsed = Some((s.time, s.last_inside));
+            }
+        },
+    );
+    let (time, last_inside) = lapsed.expect("the key expires while c0 is paused");
+    assert!(
+        last_inside < time,
+        "the patience stops when the hold lapses (t={time}, last inside {last_inside})"
+    );
 }
