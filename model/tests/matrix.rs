@@ -827,7 +827,7 @@ fn a_paused_client_whose_hold_stays_holds_waiters_back() {
         mut until: impl FnMut(&State) -> bool,
         mut each: impl FnMut(&State),
     ) -> State {
-        let step = |s: &State, a: Action| model.step(s, &a).unwrap();
+        let step = |s: &State, a: &Action| model.step(s, a).unwrap();
         let mut s = model.initial();
         for _ in 0..8 {
             if s.clients[0].phase != Phase::Acquiring {
@@ -844,12 +844,12 @@ fn a_paused_client_whose_hold_stays_holds_waiters_back() {
                     )
                 })
                 .expect("c0's acquire goes on");
-            s = step(&s, a);
+            s = step(&s, &a);
         }
-        s = step(&s, Action::Check(0));
-        s = step(&s, Action::Write(0));
+        s = step(&s, &Action::Check(0));
+        s = step(&s, &Action::Write(0));
         assert_eq!(s.clients[0].phase, Phase::Releasing);
-        s = step(&s, Action::Pause(0));
+        s = step(&s, &Action::Pause(0));
         assert!(s.clients[0].at_server, "c0's key is still at the node");
         while !until(&s) {
             let actions = enabled_in(model, &s);
@@ -857,9 +857,8 @@ fn a_paused_client_whose_hold_stays_holds_waiters_back() {
                 .iter()
                 .find(|a| matches!(a, Action::Tick(_)))
                 .or_else(|| actions.iter().find(|a| !matches!(a, Action::Resume(_))))
-                .expect("something but the resumption is enabled")
-                .clone();
-            s = step(&s, next.clone());
+                .expect("something but the resumption is enabled");
+            s = step(&s, next);
             assert!(s.clients[0].paused);
             if matches!(next, Action::Tick(_)) {
                 each(&s);
@@ -868,15 +867,7 @@ fn a_paused_client_whose_hold_stays_holds_waiters_back() {
         s
     }
     // No expiry: paused to the horizon, the waiter is excused throughout.
-    let model = LockModel::new(
-        lockwright_model::ModelConfig::for_properties(
-            ProtocolId::SetnxDel,
-            Fault::Pause,
-            &[PropertyId::Progress],
-        ),
-        vec![PropertyId::Progress],
-    )
-    .expect("the standard bounds are valid");
+    let model = standard_model(ProtocolId::SetnxDel, Fault::Pause);
     let horizon = model.cfg.horizon;
     let mut ticks = 0;
     let end = pause_a_releaser(
