@@ -36,6 +36,7 @@ use crate::clock::clock;
 use crate::conn::{Failure, Finished, Io, Route};
 use crate::error::{Error, Operation};
 use crate::lease_cell::LeaseCell;
+use futures_util::future::Either;
 use lockwright_core::{
     Acquire, Event, Extension, Lease, Machine, Millis, Outcome, Protocol, Request,
 };
@@ -51,11 +52,19 @@ use tracing::Instrument;
 /// every poll (a check per poll, and a wrapper around every future of the
 /// lock's hot path) for nothing when nobody records it. A driver spawned
 /// as a task keeps `instrument`: it is polled far less often.
-pub(crate) async fn in_span<F: std::future::Future>(span: tracing::Span, future: F) -> F::Output {
+///
+/// A plain function returning either future, not an `async fn`: an
+/// `async fn` keeps `future` as its argument and again as what it awaits,
+/// so its own future was two to three times the size of `future`, and
+/// each of the hot path's nested calls copied the whole of it.
+pub(crate) fn in_span<F: std::future::Future>(
+    span: tracing::Span,
+    future: F,
+) -> Either<F, tracing::instrument::Instrumented<F>> {
     if span.is_disabled() {
-        future.await
+        Either::Left(future)
     } else {
-        future.instrument(span).await
+        Either::Right(future.instrument(span))
     }
 }
 
