@@ -130,6 +130,9 @@ pub(crate) struct SharedConn {
     /// One connect at a time; the others wait for it and share its result.
     connecting: tokio::sync::Mutex<()>,
     generations: AtomicU64,
+    /// Slots for the requests on the live connection, kept between requests
+    /// (see [`LiveSlot`]).
+    slots: Mutex<Vec<LiveSlot>>,
     /// The node's pub/sub connection for release notices (opened by the
     /// first lock with `notify` that waits).
     pub(crate) hub: Arc<Hub>,
@@ -149,6 +152,23 @@ impl SharedConn {
             live: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generations: AtomicU64::new(0),
+            slots: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A slot for a request on the live connection: a spare one, or a new
+    /// one when every slot is in use.
+    fn take_slot(&self) -> LiveSlot {
+        let spare = self.slots.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        spare.unwrap_or_else(live_slot)
+    }
+
+    /// Keep `slot`, emptied, for the next request (up to [`SPARE_SLOTS`]).
+    fn give_back(&self, mut slot: LiveSlot) {
+        slot.clear();
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.len() < SPARE_SLOTS {
+            slots.push(slot);
         }
     }
 
@@ -573,6 +593,91 @@ pub(crate) struct Finished {
     pub(crate) failure: Option<Failure>,
 }
 
+/// The most spare [`LiveSlot`]s a node keeps: as many as its requests in
+/// flight at once, up to this bound (a slot is about 1.6 KB).
+const SPARE_SLOTS: usize = 64;
+
+/// The run of one request on a live shared connection: the usual path.
+fn on_live(
+    mut live: Live,
+    request: Request,
+) -> impl std::future::Future<Output = Result<Reply, Failure>> + Send + 'static {
+    async move {
+        let result = wire::execute_reply_on(&mut live.conn, &request.command).await;
+        demoted(result.map_err(|e| classify(&e)))
+    }
+}
+
+/// A place on the heap for the future of a request on a live shared
+/// connection ([`on_live`]), used again by the node's next request. The
+/// future is about 1.5 KB (most of it redis-rs' own), above what glibc
+/// keeps in its per-thread cache (1,032 bytes): a box of its own per
+/// request took malloc's and free's slow paths twice per lock+unlock
+/// cycle. A slot is held only while its request is in flight (a hold that
+/// sends nothing keeps none), then goes back to its node's spares.
+type LiveSlot = Box<dyn LiveRun>;
+
+/// A [`LiveSlot`]'s operations, on a future type that cannot be named.
+trait LiveRun: Send {
+    /// Start the run of `request` on `live`, in place of the last one.
+    fn start(&mut self, live: Live, request: Request);
+    /// Poll the run started last; once it is ready the slot is empty.
+    fn poll_run(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Reply, Failure>>;
+    /// Drop the run, finished or not (the request's reply is then ignored).
+    fn clear(&mut self);
+}
+
+struct Reusable<M, F> {
+    make: M,
+    run: Pin<Box<Option<F>>>,
+}
+
+impl<M, F> LiveRun for Reusable<M, F>
+where
+    M: Fn(Live, Request) -> F + Send,
+    F: std::future::Future<Output = Result<Reply, Failure>> + Send,
+{
+    fn start(&mut self, live: Live, request: Request) {
+        let run = (self.make)(live, request);
+        self.run.set(Some(run));
+    }
+
+    fn poll_run(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Reply, Failure>> {
+        let Some(run) = self.run.as_mut().as_pin_mut() else {
+            // Nothing started: no reply will come (not reached: a link
+            // polls its slot only while its request runs there).
+            return std::task::Poll::Pending;
+        };
+        let result = std::task::ready!(run.poll(cx));
+        self.run.set(None);
+        std::task::Poll::Ready(result)
+    }
+
+    fn clear(&mut self) {
+        self.run.set(None);
+    }
+}
+
+/// A new, empty [`LiveSlot`].
+fn live_slot() -> LiveSlot {
+    fn reusable<M, F>(make: M) -> Reusable<M, F>
+    where
+        M: Fn(Live, Request) -> F,
+    {
+        Reusable {
+            make,
+            run: Box::pin(None),
+        }
+    }
+    Box::new(reusable(on_live))
+}
+
 /// A request on its way: its id, and the request itself until its first
 /// poll, then the future that runs it (which hands back, for
 /// [`Route::Own`], the connection to keep using).
@@ -592,6 +697,8 @@ enum Run {
     /// deadline starts, when the hold's driver first polls it (a hold run
     /// by its guard's calls may not poll for a long while).
     Waiting(Request),
+    /// Started on a live shared connection, in its link's slot.
+    Live,
     /// Started. In a mutex only to make guards `Sync`; reached through
     /// `get_mut`, which never locks.
     Running(Mutex<RequestFuture>),
@@ -602,6 +709,9 @@ type RequestFuture = BoxFuture<'static, (Result<Reply, Failure>, Option<Multiple
 struct Link {
     route: Route,
     own: Option<MultiplexedConnection>,
+    /// The slot of the request in flight on a live shared connection (a
+    /// mutex, as for [`Run::Running`], only to make guards `Sync`).
+    slot: Option<Mutex<LiveSlot>>,
     in_flight: Option<InFlight>,
     queue: VecDeque<Request>,
     /// How the node's latest request ended, as the driver recorded it (see
@@ -638,6 +748,7 @@ impl Io {
                 .map(|route| Link {
                     route: route.clone(),
                     own: None,
+                    slot: None,
                     in_flight: None,
                     queue: VecDeque::new(),
                     answered: None,
@@ -717,18 +828,31 @@ impl Io {
                 continue;
             };
             if let Run::Waiting(_) = in_flight.run {
-                let started = Run::Running(Mutex::new(Box::pin(std::future::pending())));
-                if let Run::Waiting(request) = std::mem::replace(&mut in_flight.run, started) {
-                    let (future, deadline) = link.route.begin(&mut link.own, request, self.timeout);
-                    in_flight.run = Run::Running(Mutex::new(future));
+                if let Run::Waiting(request) = std::mem::replace(&mut in_flight.run, Run::Live) {
+                    let (run, deadline) =
+                        link.route
+                            .begin(&mut link.own, &mut link.slot, request, self.timeout);
+                    in_flight.run = run;
                     in_flight.deadline = deadline;
                 }
             }
-            let Run::Running(future) = &mut in_flight.run else {
-                continue;
+            let polled = match &mut in_flight.run {
+                Run::Live => match &mut link.slot {
+                    Some(slot) => slot
+                        .get_mut()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .poll_run(cx)
+                        .map(|result| (result, None)),
+                    None => continue,
+                },
+                Run::Running(future) => future
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                    .poll(cx),
+                Run::Waiting(_) => continue,
             };
-            let future = future.get_mut().unwrap_or_else(|e| e.into_inner());
-            let Poll::Ready((result, own)) = future.as_mut().poll(cx) else {
+            let Poll::Ready((result, own)) = polled else {
                 continue;
             };
             let id = in_flight.id;
@@ -838,6 +962,9 @@ impl Io {
         let link = &mut self.links[node];
         link.in_flight = None;
         link.own = own;
+        if let (Some(slot), Route::Shared(shared)) = (link.slot.take(), &link.route) {
+            shared.give_back(slot.into_inner().unwrap_or_else(|e| e.into_inner()));
+        }
         if let Some(request) = link.queue.pop_front() {
             link.start(node, request);
         }
@@ -876,20 +1003,22 @@ impl Route {
     fn begin(
         &self,
         own: &mut Option<MultiplexedConnection>,
+        slot: &mut Option<Mutex<LiveSlot>>,
         request: Request,
         timeout: Duration,
-    ) -> (RequestFuture, Option<(tokio::time::Instant, u64)>) {
+    ) -> (Run, Option<(tokio::time::Instant, u64)>) {
         match self {
             Route::Shared(shared) => match shared.current() {
-                // The usual case: a live connection, and the Io's timer
-                // watches the reply's deadline.
-                Some(mut live) => {
+                // The usual case: a live connection, a slot of the node's
+                // for the run, and the Io's timer watches the reply's
+                // deadline.
+                Some(live) => {
                     let deadline = (tokio::time::Instant::now() + timeout, live.generation);
-                    let future = Box::pin(async move {
-                        let result = wire::execute_reply_on(&mut live.conn, &request.command).await;
-                        (demoted(result.map_err(|e| classify(&e))), None)
-                    });
-                    (future, Some(deadline))
+                    slot.get_or_insert_with(|| Mutex::new(shared.take_slot()))
+                        .get_mut()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .start(live, request);
+                    (Run::Live, Some(deadline))
                 }
                 None => {
                     let shared = Arc::clone(shared);
@@ -897,7 +1026,7 @@ impl Route {
                         Box::pin(
                             async move { (run_shared(&shared, &request, timeout).await, None) },
                         );
-                    (future, None)
+                    (Run::Running(Mutex::new(future)), None)
                 }
             },
             Route::Own(client) => {
@@ -905,7 +1034,7 @@ impl Route {
                 let conn = own.take();
                 let future =
                     Box::pin(async move { run_own(&client, conn, &request, timeout).await });
-                (future, None)
+                (Run::Running(Mutex::new(future)), None)
             }
         }
     }
