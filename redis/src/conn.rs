@@ -763,6 +763,25 @@ impl Io {
         }
     }
 
+    /// Back to what [`Io::new`] made, keeping the allocations, for the next
+    /// hold of the same lock (see `driver::Spare`). Connections of the hold's
+    /// own close now, as they would with the `Io`, and the reply timer goes
+    /// too: it belongs to the runtime it was made in, and the next hold may
+    /// run in another.
+    pub(crate) fn clear(&mut self) {
+        for link in &mut self.links {
+            link.own = None;
+            link.slot = None;
+            link.in_flight = None;
+            link.queue.clear();
+            link.answered = None;
+        }
+        self.next_link = 0;
+        self.timer = None;
+        self.armed = None;
+        self.fired = false;
+    }
+
     /// Queue `request` for its node. `false`: there is no such node.
     pub(crate) fn send(&mut self, mut request: Request) -> bool {
         if let Some(keys) = &self.keys {

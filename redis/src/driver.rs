@@ -376,7 +376,13 @@ pub(crate) fn new(
     span: tracing::Span,
     token_release: Option<HoldRelease>,
     fresh: Option<FreshAttempt>,
+    spare: &std::sync::Arc<Spare>,
 ) -> Inline {
+    if let Some(mut driver) = spare.take() {
+        driver.reuse(machine, span, token_release, fresh);
+        driver.spare = Some(std::sync::Arc::clone(spare));
+        return Inline(Some(driver));
+    }
     let lost = std::sync::Arc::new(Notify::new());
     Inline(Some(Box::new(Driver {
         machine,
@@ -400,7 +406,50 @@ pub(crate) fn new(
         inline_op: 0,
         sleep: None,
         span,
+        spare: Some(std::sync::Arc::clone(spare)),
     })))
+}
+
+/// A lock's spare driver: the last of its holds' drivers to end inline with
+/// nothing left to do, kept for the lock's next acquire, which then
+/// allocates no driver (about 1 KB), no per-node links and no loss signal
+/// of its own. One per lock at most; it keeps no connection, timer or span
+/// of the hold that left it (see [`Spare::keep`]).
+#[derive(Default)]
+pub(crate) struct Spare(std::sync::Mutex<Option<Box<Driver>>>);
+
+impl std::fmt::Debug for Spare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spare").finish_non_exhaustive()
+    }
+}
+
+impl Spare {
+    fn take(&self) -> Option<Box<Driver>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Keep `driver`, whose hold has ended, in place of any earlier spare.
+    /// What outlives a hold only by being kept goes now: the connections
+    /// of the hold's own close (a `WATCH` connection is not kept open), the
+    /// timers go (they belong to the runtime they were made in), and the
+    /// span closes (a subscriber sees the hold end when it ends). A kept
+    /// driver does not point back at its spare (`driver.spare` is `None`
+    /// here), which would keep both alive after the lock is gone.
+    fn keep(&self, mut driver: Box<Driver>) {
+        driver.io.clear();
+        driver.sleep = None;
+        driver.span = tracing::Span::none();
+        driver.cell = None;
+        driver.token_release = None;
+        driver.fresh = None;
+        let earlier = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(driver);
+        drop(earlier);
+    }
 }
 
 /// A driver run by the future that owns it. Dropped with work left (a
@@ -503,8 +552,8 @@ impl Inline {
         let driver = self.0.as_mut()?;
         // The machine's deadlines passed while nobody ran it (between the
         // guard's calls): let it act on them first, as a task would have.
-        driver.catch_up();
-        driver.apply(op);
+        let now = driver.catch_up();
+        driver.apply_at(now, op);
         self.drive().await
     }
 }
@@ -555,6 +604,9 @@ impl Drop for Inline {
             && driver.machine.lease().is_none()
             && !driver.machine.is_busy()
         {
+            if let Some(spare) = driver.spare.take() {
+                spare.keep(driver);
+            }
             return;
         }
         // Cut short (an acquire future dropped part-way, or a grant nobody
@@ -614,9 +666,73 @@ struct Driver {
     /// The timer, created at the first deadline.
     sleep: Option<Pin<Box<Sleep>>>,
     span: tracing::Span,
+    /// Where this driver goes when its hold ends inline with nothing left
+    /// to do (see [`Spare`]); `None` while it is kept there.
+    spare: Option<std::sync::Arc<Spare>>,
 }
 
 impl Driver {
+    /// Make this driver, kept as a [`Spare`], the driver of a new hold, as
+    /// [`new`] would make it: every field is named, so that a field added
+    /// later must be considered here.
+    fn reuse(
+        &mut self,
+        machine: Machine,
+        span: tracing::Span,
+        token_release: Option<HoldRelease>,
+        fresh: Option<FreshAttempt>,
+    ) {
+        let Driver {
+            machine: old_machine,
+            io,
+            ops,
+            deferred,
+            pending,
+            cell,
+            lost,
+            warned,
+            unanswered,
+            token_release: old_token_release,
+            fresh: old_fresh,
+            undo_owed,
+            token_requests,
+            resends,
+            next_token_id,
+            tally,
+            released_by_token,
+            answer,
+            // Keeps counting: no earlier operation's number comes back.
+            inline_op: _,
+            sleep,
+            span: old_span,
+            spare: _,
+        } = self;
+        *old_machine = machine;
+        io.clear();
+        *ops = None;
+        deferred.clear();
+        *pending = Pending::None;
+        *cell = None;
+        // The earlier hold's loss signal is used again only when nothing
+        // else holds it (a `lost()` future of that guard's may).
+        if std::sync::Arc::get_mut(lost).is_none() {
+            *lost = std::sync::Arc::new(Notify::new());
+        }
+        *warned = None;
+        *unanswered = None;
+        *old_token_release = token_release;
+        *old_fresh = fresh;
+        *undo_owed = false;
+        token_requests.clear();
+        resends.clear();
+        *next_token_id = FIRST_TOKEN_RELEASE_ID;
+        *tally = None;
+        *released_by_token = None;
+        *answer = None;
+        *sleep = None;
+        *old_span = span;
+    }
+
     fn now(&self) -> Millis {
         clock().now()
     }
@@ -662,13 +778,18 @@ impl Driver {
         tracing::debug!("driver stopped");
     }
 
-    /// Feed the timer if the machine's deadline has passed.
-    fn catch_up(&mut self) {
+    /// Feed the timer if the machine's deadline has passed. Returns the
+    /// current time: the clock is read again only when the machine acted
+    /// (a reading costs about 90 instructions, and the guard's call that
+    /// follows needs one).
+    fn catch_up(&mut self) -> Millis {
         let now = self.now();
         if self.machine.poll_timeout().is_some_and(|at| at <= now) {
             self.machine.handle_timeout(now);
             self.drain();
+            return self.now();
         }
+        now
     }
 
     /// Wait for one input (a reply, the timer, an operation) and feed it.
@@ -766,6 +887,11 @@ impl Driver {
 
     fn apply(&mut self, op: Call) {
         let now = self.now();
+        self.apply_at(now, op);
+    }
+
+    /// [`Driver::apply`] at `now`, a reading of the clock just taken.
+    fn apply_at(&mut self, now: Millis, op: Call) {
         self.unanswered = None;
         let result = match &op {
             Call::Acquire { how, .. } => {

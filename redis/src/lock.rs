@@ -206,6 +206,8 @@ struct Shared {
     /// The maker of the machines for those attempts, built once for the
     /// lock (see [`Shared::fresh_attempts`]).
     make_fresh: Option<driver::MakeMachine>,
+    /// The driver the last hold left, for the next acquire.
+    spare: Arc<driver::Spare>,
 }
 
 impl Shared {
@@ -283,6 +285,7 @@ impl Shared {
             notices,
             fresh_tokens: true,
             make_fresh,
+            spare: Arc::default(),
         })
     }
 
@@ -467,6 +470,7 @@ impl Shared {
                 span.clone(),
                 token_release,
                 fresh,
+                &self.spare,
             );
             let done = driver.done();
             driver.apply(Call::Acquire { how, done });
