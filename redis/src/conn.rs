@@ -598,14 +598,9 @@ pub(crate) struct Finished {
 const SPARE_SLOTS: usize = 64;
 
 /// The run of one request on a live shared connection: the usual path.
-fn on_live(
-    mut live: Live,
-    request: Request,
-) -> impl std::future::Future<Output = Result<Reply, Failure>> + Send + 'static {
-    async move {
-        let result = wire::execute_reply_on(&mut live.conn, &request.command).await;
-        demoted(result.map_err(|e| classify(&e)))
-    }
+async fn on_live(mut live: Live, request: Request) -> Result<Reply, Failure> {
+    let result = wire::execute_reply_on(&mut live.conn, &request.command).await;
+    demoted(result.map_err(|e| classify(&e)))
 }
 
 /// A place on the heap for the future of a request on a live shared

@@ -1462,3 +1462,53 @@ async fn next_op(ops: &mut Option<mpsc::UnboundedReceiver<Call>>) -> Option<Call
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::Nodes;
+    use lockwright_core::{Config, ProtocolId, Token};
+    use std::sync::Arc;
+
+    fn idle_driver(spare: &Arc<Spare>, routes: &[Route]) -> Inline {
+        let machine = Machine::new(ProtocolId::SetPxLua, &Config::new("spare"), Token::new("t"))
+            .expect("a valid configuration");
+        let settings = NodeSettings {
+            request_timeout: Duration::from_secs(1),
+            keys: None,
+        };
+        new(
+            machine,
+            routes,
+            &settings,
+            tracing::Span::none(),
+            None,
+            None,
+            spare,
+        )
+    }
+
+    #[test]
+    fn an_idle_driver_is_kept_without_keeping_its_spare_alive() {
+        // No connection is opened: the driver sends nothing.
+        let client = redis::Client::open("redis://127.0.0.1:1/").expect("a valid URL");
+        let routes = Nodes::new([client]).routes(ProtocolId::SetPxLua);
+        let spare = Arc::new(Spare::default());
+        let first = idle_driver(&spare, &routes);
+        assert_eq!(
+            Arc::strong_count(&spare),
+            2,
+            "a running driver knows its spare"
+        );
+        drop(first);
+        // Kept, and not pointing back at the spare: the lock's handle is
+        // the only one, so the spare and its driver go with the lock.
+        assert_eq!(Arc::strong_count(&spare), 1);
+        assert!(spare.0.lock().unwrap().is_some());
+        let second = idle_driver(&spare, &routes);
+        assert!(spare.0.lock().unwrap().is_none(), "the next hold took it");
+        assert_eq!(Arc::strong_count(&spare), 2);
+        drop(second);
+        assert_eq!(Arc::strong_count(&spare), 1);
+    }
+}
