@@ -27,14 +27,13 @@
 #[global_allocator]
 static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
 
+mod capped;
+
 use lockwright_core::ProtocolId;
 use lockwright_model::cache::Cache;
 use lockwright_model::fault::{Fault, PropertyId};
 use lockwright_model::matrix::{self, Verdict};
-use lockwright_model::model::{
-    standard_clients, LockModel, ModelConfig, Mutation, PROGRESS_CLIENTS,
-};
-use stateright::{Checker, Model};
+use lockwright_model::model::{standard_clients, ModelConfig, Mutation, PROGRESS_CLIENTS};
 use std::path::Path;
 
 /// Generated states after which a three-client run stops unless
@@ -42,41 +41,17 @@ use std::path::Path;
 const DEFAULT_CAP: usize = 400_000;
 
 fn cap() -> Option<usize> {
-    match std::env::var("LOCKWRIGHT_CLIENTS_CAP") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(0) => None,
-            Ok(n) => Some(n),
-            Err(_) => panic!("LOCKWRIGHT_CLIENTS_CAP={v:?} is not a number of states"),
-        },
-        Err(_) => Some(DEFAULT_CAP),
-    }
+    capped::cap("LOCKWRIGHT_CLIENTS_CAP", DEFAULT_CAP)
 }
 
-/// One run's verdict on each of `properties`: `None` for a property it
-/// could not decide before the cap (no violation found, space not covered).
+/// One run's verdict on each of `properties` (see [`capped::verdicts`]),
+/// without the model's own invariants.
 fn verdicts(
     cfg: ModelConfig,
     properties: Vec<PropertyId>,
     cap: Option<usize>,
 ) -> Vec<(PropertyId, Option<Verdict>)> {
-    let model = LockModel::new(cfg, properties.clone()).expect("model configures");
-    let mut checker = model.checker().threads(2);
-    if let Some(cap) = cap {
-        checker = checker.target_state_count(cap);
-    }
-    let checker = checker.spawn_bfs().join();
-    let complete = cap.is_none_or(|cap| checker.state_count() < cap);
-    properties
-        .into_iter()
-        .map(|p| {
-            let verdict = match checker.discovery(p.as_str()) {
-                Some(_) => Some(Verdict::Violated),
-                None if complete => Some(Verdict::Holds),
-                None => None,
-            };
-            (p, verdict)
-        })
-        .collect()
+    capped::verdicts(cfg, properties, cap, false).0
 }
 
 /// The cells of `protocol` under `fault` where a third client gives
@@ -100,12 +75,7 @@ fn compare(
         let before = cfg.clients;
         cfg.clients = 3;
         for (p, wide) in verdicts(cfg, group, cap) {
-            let narrow = standard
-                .cells
-                .iter()
-                .find(|c| c.property == p)
-                .expect("the standard run has every property")
-                .verdict;
+            let narrow = capped::standard_verdict(&standard, p);
             match wide {
                 None => undecided.push(p),
                 Some(wide) => {

@@ -27,12 +27,13 @@
 #[global_allocator]
 static ALLOCATOR: lockwright_model::Allocator = lockwright_model::Allocator;
 
+mod capped;
+
 use lockwright_core::ProtocolId;
 use lockwright_model::cache::Cache;
-use lockwright_model::fault::{Fault, PropertyId};
-use lockwright_model::matrix::{self, Verdict};
-use lockwright_model::model::{LockModel, ModelConfig};
-use stateright::{Checker, Model};
+use lockwright_model::fault::Fault;
+use lockwright_model::matrix;
+use lockwright_model::model::ModelConfig;
 use std::path::Path;
 use std::time::Instant;
 
@@ -41,57 +42,7 @@ use std::time::Instant;
 const DEFAULT_CAP: usize = 2_000_000;
 
 fn cap() -> Option<usize> {
-    match std::env::var("LOCKWRIGHT_NODES_CAP") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(0) => None,
-            Ok(n) => Some(n),
-            Err(_) => panic!("LOCKWRIGHT_NODES_CAP={v:?} is not a number of states"),
-        },
-        Err(_) => Some(DEFAULT_CAP),
-    }
-}
-
-/// One run's verdict on each of `properties`: `None` for a property it
-/// could not decide (no violation found, and the run stopped at the cap);
-/// and the run's unique states. With `progress` among `properties` the
-/// model's own invariants are checked too, as in the standard run, and
-/// must hold.
-fn verdicts(
-    cfg: ModelConfig,
-    properties: Vec<PropertyId>,
-    cap: Option<usize>,
-) -> (Vec<(PropertyId, Option<Verdict>)>, usize) {
-    let mut model = LockModel::new(cfg, properties.clone()).expect("model configures");
-    // The model's own invariants, as the standard run checks them.
-    model.sanity = matrix::checks_invariants(&properties);
-    let sanity = model.sanity;
-    let mut checker = model.checker().threads(2);
-    if let Some(cap) = cap {
-        checker = checker.target_state_count(cap);
-    }
-    let checker = checker.spawn_bfs().join();
-    // Stopped by the cap, a run has generated at least `cap` states (the
-    // checker looks at the count after each block of states); below it,
-    // it has covered its whole space.
-    let complete = cap.is_none_or(|cap| checker.state_count() < cap);
-    for invariant in ["time passes", "deadlines kept"] {
-        assert!(
-            !sanity || checker.discovery(invariant).is_none(),
-            "the model's own invariant {invariant:?} breaks on these bounds"
-        );
-    }
-    let verdicts = properties
-        .into_iter()
-        .map(|p| {
-            let verdict = match checker.discovery(p.as_str()) {
-                Some(_) => Some(Verdict::Violated),
-                None if complete => Some(Verdict::Holds),
-                None => None,
-            };
-            (p, verdict)
-        })
-        .collect();
-    (verdicts, checker.unique_state_count())
+    capped::cap("LOCKWRIGHT_NODES_CAP", DEFAULT_CAP)
 }
 
 /// What a comparison of RedLock on `nodes` masters with the standard runs
@@ -116,15 +67,10 @@ fn compare(nodes: u8, faults: &[Fault], cap: Option<usize>, cache: &Cache) -> Co
             let before = cfg.nodes;
             cfg.nodes = nodes;
             let started = Instant::now();
-            let (wide, states) = verdicts(cfg, group, cap);
+            let (wide, states) = capped::verdicts(cfg, group, cap, true);
             let mut line = Vec::new();
             for (p, wide) in wide {
-                let narrow = standard
-                    .cells
-                    .iter()
-                    .find(|c| c.property == p)
-                    .expect("the standard run has every property")
-                    .verdict;
+                let narrow = capped::standard_verdict(&standard, p);
                 match wide {
                     None => {
                         line.push(format!("{p} undecided"));
