@@ -759,11 +759,14 @@ impl Io {
         }
     }
 
-    /// Back to what [`Io::new`] made, keeping the allocations, for the next
-    /// hold of the same lock (see `driver::Spare`). Connections of the hold's
-    /// own close now, as they would with the `Io`, and the reply timer goes
-    /// too: it belongs to the runtime it was made in, and the next hold may
-    /// run in another.
+    /// Back to what [`Io::new`] made, keeping the links and their queues'
+    /// allocations, for the next hold of the same lock (see
+    /// `driver::Spare`; it keeps only an idle `Io`, whose links hold no
+    /// request slot). Connections of the hold's own close now, as they
+    /// would with the `Io`, and the reply timer goes too: it belongs to the
+    /// runtime it was made in, and the next hold may run in another. Every
+    /// field of `Io` and `Link` is reset here: a field added to either must
+    /// be added here too.
     pub(crate) fn clear(&mut self) {
         for link in &mut self.links {
             link.own = None;

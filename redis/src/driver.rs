@@ -368,7 +368,11 @@ struct TokenReleaseTally {
 
 /// A driver for `machine` over `routes` (node `i` is `routes[i]`), not yet
 /// running: [`Inline::drive`] runs it inside the caller's future, and
-/// [`Inline::into_task`] moves it to a task of its own.
+/// [`Inline::into_holder`] moves it to a task of its own when the hold acts
+/// on its own (automatic renewal). A driver taken from `spare` keeps the
+/// routes and settings it was first made with: a spare belongs to one lock,
+/// whose routes and settings never change, so every call for that lock
+/// must pass the same ones.
 pub(crate) fn new(
     machine: Machine,
     routes: &[Route],
