@@ -34,7 +34,6 @@ use lockwright_model::cache::Cache;
 use lockwright_model::fault::{Fault, PropertyId};
 use lockwright_model::matrix::{self, Verdict};
 use lockwright_model::model::{standard_clients, ModelConfig, Mutation, PROGRESS_CLIENTS};
-use std::path::Path;
 
 /// Generated states after which a three-client run stops unless
 /// `LOCKWRIGHT_CLIENTS_CAP` says otherwise.
@@ -95,7 +94,7 @@ fn compare(
 #[test]
 fn a_third_client_changes_no_verdict_of_the_runs_with_two() {
     let cap = cap();
-    let cache = Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("matrix-cache"));
+    let cache = capped::cache();
     println!(
         "three-client runs capped at {}; progress is checked with {PROGRESS_CLIENTS} clients",
         cap.map_or("no limit".to_owned(), |c| format!("{c} generated states"))

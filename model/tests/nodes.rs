@@ -31,10 +31,9 @@ mod capped;
 
 use lockwright_core::ProtocolId;
 use lockwright_model::cache::Cache;
-use lockwright_model::fault::Fault;
+use lockwright_model::fault::{Fault, PropertyId};
 use lockwright_model::matrix;
 use lockwright_model::model::ModelConfig;
-use std::path::Path;
 use std::time::Instant;
 
 /// Generated states after which a five-master run stops unless
@@ -51,7 +50,7 @@ fn cap() -> Option<usize> {
 #[derive(Default)]
 struct Compared {
     differ: Vec<String>,
-    undecided: Vec<String>,
+    undecided: Vec<(Fault, PropertyId)>,
     decided: usize,
 }
 
@@ -74,7 +73,7 @@ fn compare(nodes: u8, faults: &[Fault], cap: Option<usize>, cache: &Cache) -> Co
                 match wide {
                     None => {
                         line.push(format!("{p} undecided"));
-                        found.undecided.push(format!("{fault} {p}"));
+                        found.undecided.push((fault, p));
                     }
                     Some(wide) => {
                         line.push(format!("{p} {wide}"));
@@ -98,10 +97,6 @@ fn compare(nodes: u8, faults: &[Fault], cap: Option<usize>, cache: &Cache) -> Co
     found
 }
 
-fn cache() -> Cache {
-    Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("matrix-cache"))
-}
-
 #[test]
 fn five_masters_change_no_verdict_of_redlock_on_three() {
     let cap = cap();
@@ -109,7 +104,7 @@ fn five_masters_change_no_verdict_of_redlock_on_three() {
         "five-master runs capped at {}",
         cap.map_or("no limit".to_owned(), |c| format!("{c} generated states"))
     );
-    let found = compare(5, &Fault::ALL, cap, &cache());
+    let found = compare(5, &Fault::ALL, cap, &capped::cache());
     println!(
         "{} cells decided on five masters; {} stopped at the cap before deciding: {}",
         found.decided,
@@ -117,7 +112,12 @@ fn five_masters_change_no_verdict_of_redlock_on_three() {
         if found.undecided.is_empty() {
             "none".to_owned()
         } else {
-            found.undecided.join("; ")
+            let cells: Vec<String> = found
+                .undecided
+                .iter()
+                .map(|(f, p)| format!("{f} {p}"))
+                .collect();
+            cells.join("; ")
         }
     );
     assert!(
@@ -129,12 +129,7 @@ fn five_masters_change_no_verdict_of_redlock_on_three() {
     // A comparison that decides nothing would pass as well: at the default
     // cap it must decide what it decided when the cap was chosen.
     if cap == Some(DEFAULT_CAP) {
-        let whole = |fault: Fault| {
-            !found
-                .undecided
-                .iter()
-                .any(|u| u.starts_with(&format!("{fault} ")))
-        };
+        let whole = |fault: Fault| !found.undecided.iter().any(|&(f, _)| f == fault);
         assert!(
             whole(Fault::None) && whole(Fault::ClientSkew) && found.decided >= 20,
             "at the default cap the comparison decided {} cells (20 when the cap was chosen, \
@@ -164,7 +159,7 @@ fn the_comparison_catches_what_two_masters_change() {
         2,
         &[Fault::None, Fault::ClockJump],
         Some(DEFAULT_CAP),
-        &cache(),
+        &capped::cache(),
     );
     assert!(found.undecided.is_empty());
     assert_eq!(
@@ -192,7 +187,7 @@ fn five_masters_whole_spaces_that_fit_keep_every_verdict() {
         Fault::ClientSkew,
         Fault::ClientStep,
     ];
-    let found = compare(5, &faults, None, &cache());
+    let found = compare(5, &faults, None, &capped::cache());
     assert!(found.undecided.is_empty());
     assert_eq!(found.decided, 16);
     assert!(

@@ -1,10 +1,12 @@
 //! Runs stopped at a cap of generated states, shared by the tests that
 //! rerun the standard bounds wider (`clients.rs`, `nodes.rs`).
 
+use lockwright_model::cache::Cache;
 use lockwright_model::fault::PropertyId;
 use lockwright_model::matrix::{self, Run, Verdict};
 use lockwright_model::model::{LockModel, ModelConfig};
 use stateright::{Checker, Model};
+use std::path::Path;
 
 /// The cap in the environment variable `var` (`0`: none), else `default`.
 pub(crate) fn cap(var: &str, default: usize) -> Option<usize> {
@@ -68,4 +70,9 @@ pub(crate) fn standard_verdict(run: &Run, p: PropertyId) -> Verdict {
         .find(|c| c.property == p)
         .expect("the standard run has every property")
         .verdict
+}
+
+/// The cache of standard runs that the matrix test and CI's main job fill.
+pub(crate) fn cache() -> Cache {
+    Cache::new(Path::new(env!("CARGO_TARGET_TMPDIR")).join("matrix-cache"))
 }
