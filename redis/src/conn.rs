@@ -18,7 +18,8 @@
 //! request would never have reached the server, yet its outcome would read
 //! as unknown. So the adapter runs the connection's I/O task itself and
 //! marks the connection closed the moment that task ends (it ends when the
-//! server closes the socket); the next request opens a new connection
+//! server closes the socket, or with the runtime it was spawned on, when a
+//! `Lock` outlives that runtime); the next request opens a new connection
 //! before it is written. Only a request written to a connection that then
 //! fails, or that times out, gets [`Outcome::Unknown`]; that also retires
 //! the connection, so the next request reconnects.
@@ -255,13 +256,31 @@ async fn connect(
     .await
     .map_err(|_| timed_out())??;
     let closed = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&closed);
+    let flag = ClosedOnDrop(Arc::clone(&closed));
     tokio::spawn(async move {
+        // The flag is set when the I/O task ends and also when this task
+        // is dropped unfinished: the runtime it was spawned on shut down,
+        // which ends the connection's I/O with it.
+        let _flag = flag;
         io_task.await;
-        flag.store(true, Ordering::Release);
-        tracing::debug!("connection closed");
     });
     Ok((conn, Some(closed)))
+}
+
+/// Marks a shared connection closed when dropped: by the task that runs the
+/// connection's I/O, whether the I/O ended (the server closed the socket) or
+/// the task was dropped with its runtime. Without the second, a `Lock` used
+/// from a runtime after the one that opened its connection ended wrote its
+/// next request to a dead connection and read the outcome as unknown,
+/// though the request never left (`edge_cases.rs`,
+/// `a_connection_whose_runtime_ended_is_reopened_before_a_request_is_written`).
+struct ClosedOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClosedOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+        tracing::debug!("connection closed");
+    }
 }
 
 /// A connection of its own to `source`'s node as of now.

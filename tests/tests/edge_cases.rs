@@ -294,3 +294,51 @@ async fn request_timeout_is_the_lock_s_own_not_the_client_library_s() {
     );
     assert!(guard.release().await.expect("released"));
 }
+
+/// A `Lock` used from one runtime and then from another: the shared
+/// connection's I/O task ran on the first runtime and ended with it, so the
+/// connection is dead though the server never closed it. The next request,
+/// from the second runtime, must open a new connection before it is written,
+/// not be written to the dead one and come back as an unknown outcome (the
+/// command never reached the server).
+#[test]
+fn a_connection_whose_runtime_ended_is_reopened_before_a_request_is_written() {
+    let Some(redis) = redis_or_skip("a connection whose runtime ended") else {
+        return;
+    };
+    for protocol in [
+        ProtocolId::SetPxLua,
+        ProtocolId::Redlock,
+        ProtocolId::SetPxWatch,
+    ] {
+        let lock = Lock::new(
+            [redis.client()],
+            "runtimes",
+            options(protocol, Duration::from_secs(5)),
+        )
+        .unwrap();
+        for round in 0..3 {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async {
+                // One attempt: an unknown outcome is not retried over.
+                let guard = lock
+                    .try_acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("{protocol}, runtime {round}: acquire: {e}"))
+                    .unwrap_or_else(|| panic!("{protocol}, runtime {round}: not granted"));
+                let released = guard
+                    .release()
+                    .await
+                    .unwrap_or_else(|e| panic!("{protocol}, runtime {round}: release: {e}"));
+                assert!(
+                    released,
+                    "{protocol}, runtime {round}: release not confirmed"
+                );
+            });
+            drop(rt);
+        }
+    }
+}
