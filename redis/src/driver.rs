@@ -434,19 +434,15 @@ impl Spare {
     }
 
     /// Keep `driver`, whose hold has ended, in place of any earlier spare.
-    /// What outlives a hold only by being kept goes now: the connections
-    /// of the hold's own close (a `WATCH` connection is not kept open), the
-    /// timers go (they belong to the runtime they were made in), and the
-    /// span closes (a subscriber sees the hold end when it ends). A kept
-    /// driver does not point back at its spare (`driver.spare` is `None`
-    /// here), which would keep both alive after the lock is gone.
+    /// It is reset first ([`Driver::reset`]): what outlives a hold only by
+    /// being kept goes now, the connections of the hold's own close (a
+    /// `WATCH` connection is not kept open), the timers go (they belong to
+    /// the runtime they were made in) and the span closes (a subscriber
+    /// sees the hold end when it ends). A kept driver does not point back
+    /// at its spare (`driver.spare` is `None` here), which would keep both
+    /// alive after the lock is gone.
     fn keep(&self, mut driver: Box<Driver>) {
-        driver.io.clear();
-        driver.sleep = None;
-        driver.span = tracing::Span::none();
-        driver.cell = None;
-        driver.token_release = None;
-        driver.fresh = None;
+        driver.reset();
         let earlier = self
             .0
             .lock()
@@ -676,28 +672,28 @@ struct Driver {
 }
 
 impl Driver {
-    /// Make this driver, kept as a [`Spare`], the driver of a new hold, as
-    /// [`new`] would make it: every field is named, so that a field added
-    /// later must be considered here.
-    fn reuse(
-        &mut self,
-        machine: Machine,
-        span: tracing::Span,
-        token_release: Option<HoldRelease>,
-        fresh: Option<FreshAttempt>,
-    ) {
+    /// Clear everything a hold left in this driver, as it is kept in a
+    /// [`Spare`]: afterwards it is what [`new`] would make but for the
+    /// machine, which [`Driver::reuse`] replaces, the loss signal, which
+    /// `reuse` checks, and the operation number, which keeps counting so
+    /// that no earlier operation's number comes back. Every field is named,
+    /// so that a field added later must be considered here.
+    fn reset(&mut self) {
         let Driver {
-            machine: old_machine,
+            // Replaced by `reuse`.
+            machine: _,
             io,
             ops,
             deferred,
             pending,
             cell,
-            lost,
+            // Checked by `reuse`: a `lost()` future of the last guard's may
+            // still hold it.
+            lost: _,
             warned,
             unanswered,
-            token_release: old_token_release,
-            fresh: old_fresh,
+            token_release,
+            fresh,
             undo_owed,
             token_requests,
             resends,
@@ -705,27 +701,21 @@ impl Driver {
             tally,
             released_by_token,
             answer,
-            // Keeps counting: no earlier operation's number comes back.
             inline_op: _,
             sleep,
-            span: old_span,
+            span,
+            // Already taken: a kept driver does not point at its spare.
             spare: _,
         } = self;
-        *old_machine = machine;
         io.clear();
         *ops = None;
         deferred.clear();
         *pending = Pending::None;
         *cell = None;
-        // The earlier hold's loss signal is used again only when nothing
-        // else holds it (a `lost()` future of that guard's may).
-        if std::sync::Arc::get_mut(lost).is_none() {
-            *lost = std::sync::Arc::new(Notify::new());
-        }
         *warned = None;
         *unanswered = None;
-        *old_token_release = token_release;
-        *old_fresh = fresh;
+        *token_release = None;
+        *fresh = None;
         *undo_owed = false;
         token_requests.clear();
         resends.clear();
@@ -734,7 +724,27 @@ impl Driver {
         *released_by_token = None;
         *answer = None;
         *sleep = None;
-        *old_span = span;
+        *span = tracing::Span::none();
+    }
+
+    /// Make this driver, reset when it was kept ([`Driver::reset`]), the
+    /// driver of a new hold, as [`new`] would make it.
+    fn reuse(
+        &mut self,
+        machine: Machine,
+        span: tracing::Span,
+        token_release: Option<HoldRelease>,
+        fresh: Option<FreshAttempt>,
+    ) {
+        self.machine = machine;
+        // The earlier hold's loss signal is used again only when nothing
+        // else holds it (a `lost()` future of that guard's may).
+        if std::sync::Arc::get_mut(&mut self.lost).is_none() {
+            self.lost = std::sync::Arc::new(Notify::new());
+        }
+        self.token_release = token_release;
+        self.fresh = fresh;
+        self.span = span;
     }
 
     fn now(&self) -> Millis {
