@@ -65,6 +65,31 @@ impl std::fmt::Debug for Hub {
     }
 }
 
+/// The reader task of one pub/sub connection, dropped before it finished:
+/// the runtime it was spawned on shut down, and the connection's I/O ended
+/// with it. The hub then forgets that connection as it would one the server
+/// closed, so that the next waiter to join connects again; without this, a
+/// `Nodes` used from a runtime after the one that opened its notices
+/// connection kept the dead sink and its waiters never heard a notice again
+/// (`notify.rs`, `notices_survive_the_runtime_that_opened_their_connection`).
+struct LostIfDropped {
+    hub: Weak<Hub>,
+    generation: u64,
+    /// Cleared when the task ends on its own (the stream ended, the hub was
+    /// stopped or dropped).
+    armed: bool,
+}
+
+impl Drop for LostIfDropped {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Some(hub) = self.hub.upgrade() {
+                hub.lost(self.generation);
+            }
+        }
+    }
+}
+
 impl Hub {
     pub(crate) fn new(source: Arc<Source>, timeout: Duration) -> Arc<Hub> {
         Arc::new(Hub {
@@ -144,21 +169,27 @@ impl Hub {
         tracing::debug!(generation, "release notices: connected");
         let hub = Arc::downgrade(self);
         tokio::spawn(async move {
+            let mut unfinished = LostIfDropped {
+                hub: hub.clone(),
+                generation,
+                armed: true,
+            };
             loop {
                 tokio::select! {
                     message = stream.next() => {
-                        let Some(hub) = hub.upgrade() else { return };
+                        let Some(hub) = hub.upgrade() else { break };
                         match message {
                             Some(message) => hub.wake(message.get_channel_name()),
                             None => {
                                 hub.lost(generation);
-                                return;
+                                break;
                             }
                         }
                     }
-                    _ = &mut stopped => return,
+                    _ = &mut stopped => break,
                 }
             }
+            unfinished.armed = false;
         });
         Ok((sink, generation))
     }

@@ -262,3 +262,57 @@ async fn exact_key_waiters_listen_on_their_own_channel_and_wake_on_release() {
         assert_eq!(guard.release().await, Ok(true));
     }
 }
+
+/// A `Lock` whose notices connection was opened on a runtime that has
+/// since shut down: the connection's reader ended with that runtime, and a
+/// waiter on a later runtime must still wake on the release's notice (the
+/// hub connects again), not wait for its 5–10 s fallback.
+#[test]
+fn notices_survive_the_runtime_that_opened_their_connection() {
+    let Some(redis) = redis_or_skip("notify across runtimes") else {
+        return;
+    };
+    let holder_lock = Lock::new([redis.client()], "runtimes", options(true)).unwrap();
+    let waiter_lock = Lock::new([redis.client()], "runtimes", options(true)).unwrap();
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    // The first runtime: a waiter joins (which subscribes), then all ends.
+    let first = runtime();
+    first.block_on(async {
+        let holder = holder_lock.try_acquire().await.unwrap().expect("granted");
+        let waiter = waiter_lock
+            .acquire_timeout(Duration::from_millis(300))
+            .await;
+        assert!(waiter.is_err(), "excluded while held");
+        assert_eq!(holder.release().await, Ok(true));
+    });
+    drop(first);
+    // The second: the waiter must be woken by the notice.
+    runtime().block_on(async {
+        let holder = holder_lock.try_acquire().await.unwrap().expect("granted");
+        let waiter = tokio::spawn(async move {
+            let guard = waiter_lock.acquire().await?;
+            Ok::<_, Error>((Instant::now(), guard))
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "excluded while held");
+        let released_at = Instant::now();
+        assert_eq!(holder.release().await, Ok(true));
+        let (acquired_at, guard) = tokio::time::timeout(Duration::from_secs(12), waiter)
+            .await
+            .expect("the waiter gets the lock")
+            .expect("task")
+            .expect("acquired");
+        let delay = acquired_at.duration_since(released_at);
+        assert!(
+            delay < Duration::from_secs(4),
+            "woken by the notification, not the 5-10 s fallback: {delay:?}"
+        );
+        assert_eq!(guard.release().await, Ok(true));
+    });
+}
