@@ -736,6 +736,10 @@ impl Driver {
         token_release: Option<HoldRelease>,
         fresh: Option<FreshAttempt>,
     ) {
+        debug_assert!(
+            self.io.is_idle() && self.deferred.is_empty() && self.sleep.is_none(),
+            "a driver is reused only as reset when it was kept"
+        );
         self.machine = machine;
         // The earlier hold's loss signal is used again only when nothing
         // else holds it (a `lost()` future of that guard's may).

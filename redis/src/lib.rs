@@ -64,6 +64,15 @@
 //! shuts down), the lock key carries a TTL and expires on its own. Dropping
 //! a guard releases in the background the same way.
 //!
+//! A `Lock` may outlive the runtime it was first used in: a shared
+//! connection's I/O runs on the runtime that opened it and ends with it. To
+//! a master reached over plain TCP (directly or through Sentinel) the next
+//! request, from another runtime, opens a new connection before it is
+//! written. A TLS, Unix-socket or Cluster connection is opened by redis-rs,
+//! which does not say when its I/O ends: there the first request after the
+//! runtime ended fails, as an unknown outcome, and the one after it
+//! reconnects.
+//!
 //! ```no_run
 //! use lockwright_redis::{redis, Lock, LockOptions, ProtocolId};
 //! use std::time::Duration;

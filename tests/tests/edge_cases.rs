@@ -300,7 +300,8 @@ async fn request_timeout_is_the_lock_s_own_not_the_client_library_s() {
 /// connection is dead though the server never closed it. The next request,
 /// from the second runtime, must open a new connection before it is written,
 /// not be written to the dead one and come back as an unknown outcome (the
-/// command never reached the server).
+/// command never reached the server). `set-px-watch` is the control: its
+/// holds open a connection of their own, on the runtime of the moment.
 #[test]
 fn a_connection_whose_runtime_ended_is_reopened_before_a_request_is_written() {
     let Some(redis) = redis_or_skip("a connection whose runtime ended") else {
