@@ -134,11 +134,15 @@ pub(crate) async fn run_redis_sections(
     );
     // The contenders at one point (masters, tasks) are measured back to
     // back, so that a ratio compares windows seconds apart rather than
-    // minutes (this machine's load drifts over minutes); each pass turns
-    // their order, so that no contender always runs first after a change
-    // of point.
+    // minutes (this machine's load drifts over minutes); the second pass
+    // runs them in the reverse order, so that of any two contenders each
+    // runs first in one pass, and a drift within a point's block cannot
+    // favour one of them in both.
+    let mut counts: Vec<usize> = all.iter().map(|c| c.2).collect();
+    counts.sort_unstable();
+    counts.dedup();
     for pass in 1..=PASSES {
-        for n in [1, 3, 5] {
+        for &n in &counts {
             let servers = &masters[..n];
             let clients: Vec<redis::Client> = servers.iter().map(RedisServer::client).collect();
             let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
@@ -148,8 +152,9 @@ pub(crate) async fn run_redis_sections(
                 .filter(|c| c.2 == n)
                 .map(|&(who, protocol, _)| (who, protocol))
                 .collect();
-            let turn = (pass - 1) % at_n.len().max(1);
-            at_n.rotate_left(turn);
+            if pass % 2 == 0 {
+                at_n.reverse();
+            }
             for tasks in TASKS {
                 for &(who, protocol) in &at_n {
                     let contender = match (who, protocol) {
@@ -578,7 +583,7 @@ impl Report {
             "Every point of this section was measured twice, in two passes one after the other \
              (the tables above show the first); within a pass the contenders at one point \
              (masters, tasks) run back to back, so that a ratio compares windows seconds apart, \
-             and the second pass runs them in another order. A target is met only when it is \
+             and the second pass runs them in the reverse order. A target is met only when it is \
              met in both. \
              The raw loop is the limit (the same two round trips with nothing else): \
              `set-px-lua` and `redlock` are to sit at ≥ 0.95× it, the protocols whose scripts do \
