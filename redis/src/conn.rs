@@ -20,7 +20,10 @@
 //! marks the connection closed the moment that task ends (it ends when the
 //! server closes the socket, or with the runtime it was spawned on, when a
 //! `Lock` outlives that runtime); the next request opens a new connection
-//! before it is written. Only a request written to a connection that then
+//! before it is written. That holds for plain TCP; a TLS, Unix-socket or
+//! Cluster connection is opened by redis-rs, which does not say when its
+//! I/O ends, so a dead idle one is noticed by the first request that fails
+//! on it (see [`connect`]). Only a request written to a connection that then
 //! fails, or that times out, gets [`Outcome::Unknown`]; that also retires
 //! the connection, so the next request reconnects.
 //!
