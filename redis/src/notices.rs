@@ -65,27 +65,25 @@ impl std::fmt::Debug for Hub {
     }
 }
 
-/// The reader task of one pub/sub connection, dropped before it finished:
-/// the runtime it was spawned on shut down, and the connection's I/O ended
-/// with it. The hub then forgets that connection as it would one the server
-/// closed, so that the next waiter to join connects again; without this, a
-/// `Nodes` used from a runtime after the one that opened its notices
-/// connection kept the dead sink and its waiters never heard a notice again
-/// (`notify.rs`, `notices_survive_the_runtime_that_opened_their_connection`).
-struct LostIfDropped {
+/// Held by the reader task of one pub/sub connection: when the task ends,
+/// however it ends, the hub forgets that connection ([`Hub::lost`], which
+/// does nothing for a connection already forgotten or replaced). The task
+/// ends when the server closes the stream, when the hub stops or replaces
+/// the connection, and also when it is dropped unfinished because the
+/// runtime it was spawned on shut down, which ends the connection's I/O
+/// with it. Without that last case, a `Nodes` used from a runtime after the
+/// one that opened its notices connection kept the dead sink and its
+/// waiters never heard a notice again (`notify.rs`,
+/// `notices_survive_the_runtime_that_opened_their_connection`).
+struct LostOnDrop {
     hub: Weak<Hub>,
     generation: u64,
-    /// Cleared when the task ends on its own (the stream ended, the hub was
-    /// stopped or dropped).
-    armed: bool,
 }
 
-impl Drop for LostIfDropped {
+impl Drop for LostOnDrop {
     fn drop(&mut self) {
-        if self.armed {
-            if let Some(hub) = self.hub.upgrade() {
-                hub.lost(self.generation);
-            }
+        if let Some(hub) = self.hub.upgrade() {
+            hub.lost(self.generation);
         }
     }
 }
@@ -169,10 +167,9 @@ impl Hub {
         tracing::debug!(generation, "release notices: connected");
         let hub = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut unfinished = LostIfDropped {
+            let _lost = LostOnDrop {
                 hub: hub.clone(),
                 generation,
-                armed: true,
             };
             loop {
                 tokio::select! {
@@ -180,16 +177,12 @@ impl Hub {
                         let Some(hub) = hub.upgrade() else { break };
                         match message {
                             Some(message) => hub.wake(message.get_channel_name()),
-                            None => {
-                                hub.lost(generation);
-                                break;
-                            }
+                            None => break,
                         }
                     }
                     _ = &mut stopped => break,
                 }
             }
-            unfinished.armed = false;
         });
         Ok((sink, generation))
     }
@@ -216,11 +209,12 @@ impl Hub {
 
     /// The connection of `generation` ended: forget it and wake everyone
     /// (they try, then wait on their fallback; the next waiter to join
-    /// connects again).
+    /// connects again). Nothing happens when that connection was already
+    /// forgotten (no sink) or replaced (a newer generation).
     fn lost(&self, generation: u64) {
         let listeners: Vec<Arc<Notices>> = {
             let mut state = self.state();
-            if state.generation != generation {
+            if state.generation != generation || state.sink.is_none() {
                 return;
             }
             state.sink = None;
