@@ -280,6 +280,31 @@ pub struct Reductions {
     /// state of each class, the first it meets, and its traces are real
     /// runs.
     pub master_symmetry: bool,
+    /// A crashed client never takes a step again, so its fingerprint
+    /// ([`State`]'s `Hash`) keeps only what the rest of the run can still
+    /// observe of it: that it crashed, whether the servers hold for it
+    /// (`at_server`, which `server_grants` compares to count a new grant),
+    /// and the requests it left on the wire and on retired connections,
+    /// which still run at the nodes (each as its command, deadline, late
+    /// flag and rule word; under master symmetry, on the master's link).
+    /// Left out: its machine, clock, phase, ghosts of its own, the replies
+    /// coming back to it, and its requests' ids and reply timeouts. Every
+    /// reader of those requires the client to run (`ClientState::runs`):
+    /// receiving, timing out, its timers, checks, writes and faults (a
+    /// reply to a crashed client is dropped unread, `delay` strikes no
+    /// crashed client's link, and time waits for no reply or obligation of
+    /// it), `inside` and `progress` count it out, and a request id is read
+    /// only by a machine matching its reply. Two exceptions write only what
+    /// is left out: `execute` reads its phase to set `gave_back`, which
+    /// `server_grants` reads to reset its `grant`, and records a `probe`
+    /// for its next request; a crashed client's grant and probe are never
+    /// read. So two states that differ only there have the same actions,
+    /// and their successors again differ only there: the checker explores
+    /// one of them, and its traces are real runs. A test holds the
+    /// fingerprint to an oracle that blanks those fields in the states a
+    /// small run reaches, and the reductions test reruns `crash` and the
+    /// crash pairs at small bounds without it.
+    pub forget_crashed: bool,
 }
 
 impl Reductions {
@@ -291,6 +316,7 @@ impl Reductions {
         prompt_replies: true,
         bounded_late_retries: true,
         master_symmetry: true,
+        forget_crashed: true,
     };
     /// Every reduction off.
     pub const NONE: Reductions = Reductions {
@@ -300,6 +326,7 @@ impl Reductions {
         prompt_replies: false,
         bounded_late_retries: false,
         master_symmetry: false,
+        forget_crashed: false,
     };
 }
 
@@ -731,6 +758,15 @@ impl ClientState {
         h.finish()
     }
 
+    /// The digest of what the rest of a run can still observe of a crashed
+    /// client: that it crashed, and whether the servers hold for it (see
+    /// [`Reductions::forget_crashed`]).
+    fn digest_crashed(&self) -> u64 {
+        let mut h = digest_hasher();
+        (self.crashed, self.at_server).hash(&mut h);
+        h.finish()
+    }
+
     /// Feed `state` what its machine's round keeps for master `n` and its
     /// `link` to that master, each request id as current (the round's
     /// request to `n`) or stale: the machine matches a reply by id and
@@ -968,6 +1004,20 @@ impl Sent {
         } = &**request;
         (id, command, due, timeout, late, by_rule).hash(state);
     }
+
+    /// Feed `state` what still matters of a crashed client's request: its
+    /// command, deadline, late flag and rule word (its node is its link's;
+    /// see [`Reductions::forget_crashed`]).
+    fn hash_crashed<H: std::hash::Hasher>(&self, state: &mut H) {
+        let Sent {
+            request,
+            due,
+            timeout: _,
+            late,
+            by_rule,
+        } = self;
+        (&request.command, due, late, by_rule).hash(state);
+    }
 }
 
 /// A reply on its way back to the client.
@@ -1011,6 +1061,28 @@ pub struct Orphan {
 }
 
 impl Link {
+    /// Feed `state` what a crashed client's link still does: the requests
+    /// on it and on its retired connections, which still run at the node,
+    /// each as its command, deadline, late flag and rule word (and its
+    /// connection's slot), without its id and reply timeout; the replies,
+    /// which nobody reads, not at all (see [`Reductions::forget_crashed`]).
+    fn hash_crashed<H: std::hash::Hasher>(&self, state: &mut H) {
+        let Link {
+            requests,
+            replies: _,
+            orphans,
+        } = self;
+        requests.len().hash(state);
+        for sent in requests {
+            sent.hash_crashed(state);
+        }
+        orphans.len().hash(state);
+        for Orphan { sent, slot } in orphans {
+            sent.hash_crashed(state);
+            slot.hash(state);
+        }
+    }
+
     /// The timeout of the oldest request the client still waits for.
     fn oldest_timeout(&self) -> Option<Millis> {
         match self.replies.front() {
@@ -1207,6 +1279,10 @@ pub struct State {
     /// ([`Reductions::master_symmetry`]); the number of nodes when none are
     /// (a constant of the run).
     pub alike_from: u8,
+    /// A crashed client's fingerprint keeps only what the rest of the run
+    /// can observe of it ([`Reductions::forget_crashed`]; a constant of the
+    /// run).
+    pub forget_crashed: bool,
 }
 
 impl Hash for State {
@@ -1228,26 +1304,57 @@ impl Hash for State {
             owner_violation,
             last_inside,
             alike_from,
+            forget_crashed,
         } = self;
         (time, resource, budget, holds_left, late_retries_left).hash(state);
         (grants, owner_violation, last_inside, alike_from).hash(state);
+        forget_crashed.hash(state);
         let alike = usize::from(*alike_from);
-        if nodes.len() < alike + 2 {
-            (clients, nodes, links).hash(state);
+        let forgotten = |client: &ClientState| *forget_crashed && client.crashed;
+        let n = nodes.len();
+        if n < alike + 2 {
+            if !clients.iter().any(forgotten) {
+                (clients, nodes, links).hash(state);
+                return;
+            }
+            nodes.hash(state);
+            for (c, (client, part)) in clients.iter().zip(&clients.0).enumerate() {
+                let own = &links.0[c * n..(c + 1) * n];
+                if forgotten(client) {
+                    state.write_u64(client.digest_crashed());
+                    for link in own {
+                        link.value.hash_crashed(state);
+                    }
+                } else {
+                    state.write_u64(part.digest());
+                    for link in own {
+                        state.write_u64(link.digest());
+                    }
+                }
+            }
             return;
         }
         for client in clients {
-            state.write_u64(client.digest_apart_from_masters());
+            state.write_u64(if forgotten(client) {
+                client.digest_crashed()
+            } else {
+                client.digest_apart_from_masters()
+            });
         }
-        let view = |n: usize| -> u64 {
+        let view = |m: usize| -> u64 {
             let mut h = digest_hasher();
-            h.write_u64(nodes.0[n].digest());
+            h.write_u64(nodes.0[m].digest());
             for (c, client) in clients.iter().enumerate() {
-                client.hash_master(n, &links[c * nodes.len() + n], &mut h);
+                let link = &links[c * n + m];
+                if forgotten(client) {
+                    link.hash_crashed(&mut h);
+                } else {
+                    client.hash_master(m, link, &mut h);
+                }
             }
             h.finish()
         };
-        let mut views: Vec<u64> = (0..nodes.len()).map(view).collect();
+        let mut views: Vec<u64> = (0..n).map(view).collect();
         views[alike..].sort_unstable();
         views.hash(state);
     }
@@ -1531,6 +1638,7 @@ impl LockModel {
             owner_violation: false,
             last_inside: 0,
             alike_from: self.alike_from(),
+            forget_crashed: cfg.reductions.forget_crashed,
         };
         for c in 0..cfg.clients {
             let client = &mut state.clients[usize::from(c)];
@@ -3141,26 +3249,45 @@ mod tests {
 
     /// The state with its masters renamed (`to`), written out in full,
     /// each request id written as the master whose current request it is,
-    /// or as stale: the oracle the fingerprint of master symmetry is held
-    /// to. It shares no code with the fingerprint: it moves the parts
-    /// themselves and compares their whole text.
-    fn renamed_text(state: &State, to: &[usize]) -> String {
+    /// or as stale, and each crashed client blanked to what the rest of the
+    /// run can observe of it (its machine replaced by `blank`, its
+    /// requests' ids and timeouts zeroed, its replies dropped): the oracle
+    /// the fingerprint of master symmetry and of forgotten crashed clients
+    /// is held to. It shares no code with the fingerprint: it moves the
+    /// parts themselves and compares their whole text.
+    fn renamed_text(state: &State, to: &[usize], blank: &Machine) -> String {
         let n = state.nodes.len();
         let mut t = state.clone();
         t.alike_from = 0;
+        t.forget_crashed = false;
         for (i, &ti) in to.iter().enumerate() {
             t.nodes[ti] = state.nodes[i].clone();
         }
         for c in 0..state.clients.len() {
+            let crashed = state.clients[c].crashed;
             let current: Vec<Option<RequestId>> = match &state.clients[c].machine {
                 Machine::Redlock(m) => (0..n).map(|i| m.round_request(i)).collect(),
                 _ => vec![None; n],
             };
             let id = |id: RequestId| match current.iter().position(|&r| r == Some(id)) {
+                _ if crashed => RequestId(0),
                 Some(i) => RequestId(to[i] as u64),
                 None => RequestId(u64::MAX),
             };
-            if let Machine::Redlock(m) = &mut t.clients[c].machine {
+            if crashed {
+                t.clients[c] = ClientState {
+                    machine: blank.clone(),
+                    clock: ClientClock::EXACT,
+                    phase: Phase::Done,
+                    paused: false,
+                    crashed: true,
+                    waiting_since: None,
+                    grant: 0,
+                    at_server: state.clients[c].at_server,
+                    gave_back: false,
+                    probe: None,
+                };
+            } else if let Machine::Redlock(m) = &mut t.clients[c].machine {
                 m.rename_masters(to, id);
             }
             for (i, &ti) in to.iter().enumerate() {
@@ -3170,11 +3297,17 @@ mod tests {
                     request.id = id(request.id);
                     request.node = lockwright_core::NodeId(ti as u8);
                     sent.request = Arc::new(request);
+                    if crashed {
+                        sent.timeout = Millis(0);
+                    }
                 };
                 link.requests.iter_mut().for_each(fix);
                 link.orphans.iter_mut().for_each(|o| fix(&mut o.sent));
                 for back in &mut link.replies {
                     back.id = id(back.id);
+                }
+                if crashed {
+                    link.replies.clear();
                 }
                 t.links[c * n + ti] = link;
             }
@@ -3200,28 +3333,48 @@ mod tests {
     }
 
     /// The fingerprint the checker takes of a state where masters from
-    /// `alike_from` on are renamed.
+    /// `alike_from` on are renamed and crashed clients forgotten.
     fn symmetric_print(s: &State, alike_from: u8) -> u64 {
         let mut r = s.clone();
         r.alike_from = alike_from;
+        r.forget_crashed = true;
         digest(&r)
     }
 
     /// Over every state a small RedLock run under `fault` reaches with
     /// master symmetry off (breadth first, up to a cap), do the classes of
-    /// `print` and of [`renamed_text`]'s smallest text agree? `Err` names
-    /// the first two states where they do not.
+    /// `print` and of [`renamed_text`]'s smallest text agree?
     fn classes_agree(fault: Fault, print: fn(&State, u8) -> u64) -> Result<(), String> {
         let mut cfg = ModelConfig::new(ProtocolId::Redlock, fault);
         cfg.clients = 2;
         cfg.horizon = cfg.ttl / 2;
+        let fixed = usize::from(NODE_FAULTS.contains(&fault));
+        classes_agree_in(cfg, fixed, print)
+    }
+
+    /// Over every state a small run of `cfg` reaches with master symmetry
+    /// and forgotten crashed clients off (breadth first, up to a cap), do
+    /// the classes of `print` and of [`renamed_text`]'s smallest text
+    /// (masters from `fixed` on renamed) agree? `Err` names the first two
+    /// states where they do not, or says that no two states merged.
+    fn classes_agree_in(
+        mut cfg: ModelConfig,
+        fixed: usize,
+        print: fn(&State, u8) -> u64,
+    ) -> Result<(), String> {
+        let what = match cfg.also {
+            Some(also) => format!("{} {}+{also}", cfg.protocol, cfg.fault),
+            None => format!("{} {}", cfg.protocol, cfg.fault),
+        };
         let reduced = LockModel::new(cfg.clone(), vec![PropertyId::MutualExclusion]).unwrap();
         cfg.reductions.master_symmetry = false;
+        cfg.reductions.forget_crashed = false;
         let full = LockModel::new(cfg, vec![PropertyId::MutualExclusion]).unwrap();
-        let fixed = usize::from(NODE_FAULTS.contains(&fault));
-        assert_eq!(usize::from(reduced.alike_from()), fixed, "{fault}");
+        assert_eq!(usize::from(reduced.alike_from()), fixed, "{what}");
+        let initial = full.initial();
+        let blank = initial.clients[0].machine.clone();
         let mut seen = std::collections::HashSet::new();
-        let mut queue = VecDeque::from([full.initial()]);
+        let mut queue = VecDeque::from([initial]);
         let mut states = Vec::new();
         while let Some(s) = queue.pop_front() {
             if states.len() == 6_000 {
@@ -3240,22 +3393,26 @@ mod tests {
         let mut by_text = std::collections::HashMap::new();
         for s in &states {
             let print = print(s, reduced.alike_from());
-            let text = perms.iter().map(|to| renamed_text(s, to)).min().unwrap();
+            let text = perms
+                .iter()
+                .map(|to| renamed_text(s, to, &blank))
+                .min()
+                .unwrap();
             if *by_text.entry(text.clone()).or_insert(print) != print {
                 return Err(format!(
-                    "{fault}: renamings of one state have two fingerprints:\n{s:?}"
+                    "{what}: renamings of one state have two fingerprints:\n{s:?}"
                 ));
             }
             let print_text = by_print.entry(print).or_insert(text.clone());
             if *print_text != text {
                 return Err(format!(
-                    "{fault}: one fingerprint for states no renaming relates:\n{print_text}\n{text}"
+                    "{what}: one fingerprint for states no renaming relates:\n{print_text}\n{text}"
                 ));
             }
         }
         if by_print.len() == states.len() {
             return Err(format!(
-                "{fault}: no two of the {} states merged",
+                "{what}: no two of the {} states merged",
                 states.len()
             ));
         }
@@ -3264,12 +3421,12 @@ mod tests {
 
     /// Master symmetry's fingerprint merges two states exactly when some
     /// renaming of the interchangeable masters turns one into the other
-    /// (request ids as current or stale), under every fault that renames
-    /// differently (none, one master kept in place). Two mutants of the
-    /// fingerprint fail the same comparison below; a third, which hashes
-    /// every request id as stale, passes it: in the states these runs
-    /// reach, whether a message answers the current round follows from the
-    /// rest of the state.
+    /// (request ids as current or stale, crashed clients forgotten), under
+    /// every fault that renames differently (none, one master kept in
+    /// place). Two mutants of the fingerprint fail the same comparison
+    /// below; a third, which hashes every request id as stale, passes it:
+    /// in the states these runs reach, whether a message answers the
+    /// current round follows from the rest of the state.
     #[test]
     fn master_symmetry_merges_exactly_the_renamings() {
         for fault in [Fault::None, Fault::Crash, Fault::Delay]
@@ -3304,6 +3461,96 @@ mod tests {
         assert!(lacks.contains("no renaming relates"), "{lacks}");
         let split = classes_agree(Fault::None, unsorted).expect_err("the unsorted fingerprint");
         assert!(split.contains("two fingerprints"), "{split}");
+    }
+
+    /// The small single-node runs the fingerprint of forgotten crashed
+    /// clients is compared on: a recipe whose rule records a probe
+    /// (`setnx-getset`), one that `WATCH`es on a connection of its own
+    /// (`set-px-watch`, under a pair that kills connections too), one with
+    /// a late undo (`set-px-get-del`, under `delay` too) and a semaphore.
+    fn crash_runs() -> Vec<ModelConfig> {
+        let run = |protocol, also| {
+            let mut cfg = ModelConfig::new(protocol, Fault::Crash);
+            cfg.clients = 2;
+            cfg.horizon = cfg.ttl + 1_000;
+            cfg.also = also;
+            cfg
+        };
+        vec![
+            run(ProtocolId::SetnxGetset, None),
+            run(ProtocolId::SetPxWatch, Some(Fault::Restart)),
+            run(ProtocolId::SetPxGetDel, Some(Fault::Delay)),
+            run(ProtocolId::LeaseSemaphore, None),
+        ]
+    }
+
+    /// Forgetting a crashed client's dead state
+    /// ([`Reductions::forget_crashed`]) merges two states exactly when they
+    /// differ only in what the rest of the run cannot observe (the
+    /// oracle's blanked text), on single-node runs (RedLock's with master
+    /// symmetry are compared above, `crash` among them).
+    #[test]
+    fn forgetting_crashed_clients_merges_exactly_their_dead_state() {
+        for cfg in crash_runs() {
+            classes_agree_in(cfg, 1, symmetric_print).unwrap();
+        }
+    }
+
+    /// The comparison can fail: a fingerprint that forgets nothing gives
+    /// one class two fingerprints, and one that also forgets the requests
+    /// a crashed client left on the wire (which still run) or their
+    /// deadlines merges states the oracle tells apart. (Forgetting whether
+    /// the servers hold for it is no such mutant: `at_server` is set from
+    /// the nodes' data after every step, so it follows from the rest of
+    /// the state; the fingerprint keeps it all the same.)
+    #[test]
+    fn forgetting_mutants_fail_the_comparison() {
+        fn remembering(s: &State, _: u8) -> u64 {
+            digest(s)
+        }
+        fn without_requests(s: &State, alike_from: u8) -> u64 {
+            let mut r = s.clone();
+            let n = r.nodes.len();
+            for c in 0..r.clients.len() {
+                if r.clients[c].crashed {
+                    for l in c * n..(c + 1) * n {
+                        r.links[l].requests.clear();
+                    }
+                }
+            }
+            symmetric_print(&r, alike_from)
+        }
+        fn without_deadlines(s: &State, alike_from: u8) -> u64 {
+            let mut r = s.clone();
+            let n = r.nodes.len();
+            for c in 0..r.clients.len() {
+                if r.clients[c].crashed {
+                    for l in c * n..(c + 1) * n {
+                        r.links[l].requests.iter_mut().for_each(|m| m.due = 0);
+                    }
+                }
+            }
+            symmetric_print(&r, alike_from)
+        }
+        let runs = crash_runs();
+        let split = classes_agree_in(runs[0].clone(), 1, remembering)
+            .expect_err("the fingerprint that forgets nothing");
+        assert!(split.contains("two fingerprints"), "{split}");
+        let any_fails = |print: fn(&State, u8) -> u64| {
+            runs.iter().find_map(|cfg| {
+                classes_agree_in(cfg.clone(), 1, print)
+                    .err()
+                    .filter(|e| e.contains("no renaming relates"))
+            })
+        };
+        assert!(
+            any_fails(without_requests).is_some(),
+            "forgetting requests passes"
+        );
+        assert!(
+            any_fails(without_deadlines).is_some(),
+            "forgetting the requests' deadlines passes"
+        );
     }
 
     #[test]
