@@ -518,12 +518,14 @@ const SYMMETRY_OFF: Reductions = Reductions {
 /// ([`Reductions::forget_crashed`]) keeps the verdicts of the pairs with
 /// `crash`, where the crash meets a second fault that acts on the
 /// crashed client's messages (`delay`, `partition`), on its connections
-/// (`restart`; `split-brain` for `setnx-getset`, whose runs stay small
-/// there) or on time and the others (`pause`, `clock-jump`,
-/// `client-step`); RedLock's at half a TTL, with master symmetry on,
-/// under the two pairs whose runs stay below a million states without it
-/// (`crash+pause` and `crash+restart` reach 2.4 million, about a minute
-/// each).
+/// (`restart`, `failover`; `split-brain` for `setnx-getset`, whose runs
+/// stay small there), on its links (`client-partition`) or on time and
+/// the others (`pause`, `clock-jump`, `client-step`); RedLock's at half a
+/// TTL, with master symmetry on, under the two pairs whose runs stay
+/// below a million states without it (`crash+pause` and `crash+restart`
+/// reach 2.4 million, about a minute each). `progress` is compared by the
+/// single-fault rows (`crash` in every protocol's row, and
+/// [`redlock_crash_keeps_its_verdicts_without_forgetting`]).
 #[test]
 fn crash_pairs_keep_their_verdicts_without_forgetting() {
     let off = Reductions {
@@ -537,6 +539,8 @@ fn crash_pairs_keep_their_verdicts_without_forgetting() {
         (Fault::Crash, Fault::Restart, false),
         (Fault::Crash, Fault::Delay, false),
         (Fault::Crash, Fault::Partition, false),
+        (Fault::Crash, Fault::ClientPartition, false),
+        (Fault::Crash, Fault::Failover, false),
     ];
     for protocol in [ProtocolId::SetPxWatch, ProtocolId::LeaseSemaphore] {
         compare_pairs(protocol, 1_000, &pairs, off);
@@ -549,6 +553,32 @@ fn crash_pairs_keep_their_verdicts_without_forgetting() {
         off,
     );
     compare_pairs(ProtocolId::Redlock, 0, &pairs[..2], off);
+}
+
+/// RedLock under `crash` keeps its verdicts, `progress` among them, without
+/// forgetting a crashed client's dead state, on every test run (its full
+/// row, which compares it too, is opt-in): at half a TTL and at a TTL and a
+/// second.
+#[test]
+fn redlock_crash_keeps_its_verdicts_without_forgetting() {
+    let off = Reductions {
+        forget_crashed: false,
+        ..Reductions::ALL
+    };
+    for extra in [0, 1_000] {
+        let run = |reductions| {
+            verdicts_on(
+                small(ProtocolId::Redlock, Fault::Crash, reductions, extra),
+                2,
+            )
+        };
+        let ((reduced, x), (full, y)) = (run(Reductions::ALL), run(off));
+        println!(
+            "redlock crash (+{extra} ms) without forgetting: {y} states ({x} with it): {full:?}"
+        );
+        assert_eq!(reduced, full, "verdicts differ");
+        assert!(y > x, "forgetting crashed clients saves no state");
+    }
 }
 
 /// [`fault_pairs_keep_their_verdicts_without_symmetry`] for RedLock's three
