@@ -514,6 +514,13 @@ const SYMMETRY_OFF: Reductions = Reductions {
     ..Reductions::ALL
 };
 
+/// Every reduction but forgetting a crashed client's dead state, for the
+/// crash comparisons below.
+const FORGET_OFF: Reductions = Reductions {
+    forget_crashed: false,
+    ..Reductions::ALL
+};
+
 /// Forgetting a crashed client's dead state
 /// ([`Reductions::forget_crashed`]) keeps the verdicts of the pairs with
 /// `crash`, where the crash meets a second fault that acts on the
@@ -528,10 +535,6 @@ const SYMMETRY_OFF: Reductions = Reductions {
 /// [`redlock_crash_keeps_its_verdicts_without_forgetting`]).
 #[test]
 fn crash_pairs_keep_their_verdicts_without_forgetting() {
-    let off = Reductions {
-        forget_crashed: false,
-        ..Reductions::ALL
-    };
     let pairs = [
         (Fault::Crash, Fault::ClientStep, false),
         (Fault::Crash, Fault::ClockJump, false),
@@ -543,16 +546,16 @@ fn crash_pairs_keep_their_verdicts_without_forgetting() {
         (Fault::Crash, Fault::Failover, false),
     ];
     for protocol in [ProtocolId::SetPxWatch, ProtocolId::LeaseSemaphore] {
-        compare_pairs(protocol, 1_000, &pairs, off);
+        compare_pairs(protocol, 1_000, &pairs, FORGET_OFF);
     }
     let split = [(Fault::Crash, Fault::SplitBrain, false)];
     compare_pairs(
         ProtocolId::SetnxGetset,
         1_000,
         &[&pairs[..], &split].concat(),
-        off,
+        FORGET_OFF,
     );
-    compare_pairs(ProtocolId::Redlock, 0, &pairs[..2], off);
+    compare_pairs(ProtocolId::Redlock, 0, &pairs[..2], FORGET_OFF);
 }
 
 /// RedLock under `crash` keeps its verdicts, `progress` among them, without
@@ -561,10 +564,6 @@ fn crash_pairs_keep_their_verdicts_without_forgetting() {
 /// second.
 #[test]
 fn redlock_crash_keeps_its_verdicts_without_forgetting() {
-    let off = Reductions {
-        forget_crashed: false,
-        ..Reductions::ALL
-    };
     for extra in [0, 1_000] {
         let run = |reductions| {
             verdicts_on(
@@ -572,7 +571,7 @@ fn redlock_crash_keeps_its_verdicts_without_forgetting() {
                 2,
             )
         };
-        let ((reduced, x), (full, y)) = (run(Reductions::ALL), run(off));
+        let ((reduced, x), (full, y)) = (run(Reductions::ALL), run(FORGET_OFF));
         println!(
             "redlock crash (+{extra} ms) without forgetting: {y} states ({x} with it): {full:?}"
         );
