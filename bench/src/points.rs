@@ -1,4 +1,5 @@
-//! `--point WHO:MASTERS:TASKS` (repeatable): section 1's measurement of the
+//! `--point WHO:MASTERS:TASKS` (repeatable; WHO is `raw`, `raw-nagle`,
+//! `rslock` or `adapter:<protocol>`): section 1's measurement of the
 //! named points only, each run `--rounds` times in turn (so that the points
 //! share the machine's ups and downs), printed on stdout; no report is
 //! written. For comparing a change side by side and for profiling one
@@ -48,8 +49,8 @@ pub(crate) fn parse(text: &str) -> Result<Spec> {
             name.parse::<ProtocolId>()
                 .map_err(|_| bad(&format!("no protocol named {name:?}")))?,
         ),
-        None if who == "raw" || who == "rslock" => None,
-        None => return Err(bad("WHO is raw, rslock or adapter:<protocol>")),
+        None if throughput::WHO.contains(&who) => None,
+        None => return Err(bad("WHO is raw, raw-nagle, rslock or adapter:<protocol>")),
     };
     if protocol.is_some_and(|p| p != ProtocolId::Redlock) && masters != 1 {
         return Err(bad("only redlock runs on more than one master"));
@@ -75,17 +76,11 @@ pub(crate) async fn run(
     for round in 1..=rounds {
         for spec in specs {
             let servers = &masters[..spec.masters];
-            let clients: Vec<redis::Client> = servers.iter().map(RedisServer::client).collect();
-            let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
             let mut admins = Vec::new();
             for s in servers {
                 admins.push(s.conn().await);
             }
-            let contender = match (spec.who.as_str(), spec.protocol) {
-                (_, Some(p)) => Contender::adapter(p, &clients, spec.tasks)?,
-                ("rslock", None) => Contender::rslock(&urls, spec.tasks)?,
-                _ => Contender::raw(&clients, spec.tasks).await?,
-            };
+            let contender = Contender::named(&spec.who, spec.protocol, servers, spec.tasks).await?;
             let point =
                 throughput::measure(&mut admins, Arc::new(contender), spec.tasks, warmup, window)
                     .await?;
@@ -122,6 +117,7 @@ mod tests {
         assert_eq!(p.protocol, Some(ProtocolId::SetPxLua));
         assert_eq!((p.masters, p.tasks), (1, 16));
         assert_eq!(parse("raw:5:1").expect("valid").protocol, None);
+        assert_eq!(parse("raw-nagle:1:16").expect("valid").who, "raw-nagle");
         for bad in [
             "raw:5",
             "raw:x:1",

@@ -22,7 +22,7 @@ const TASKS: [usize; 2] = [1, 16];
 /// One section-1 row: which contender on how many masters and tasks.
 #[derive(Clone, Debug)]
 pub(crate) struct Row {
-    /// `adapter:<protocol>`, `rslock` or `raw`.
+    /// `adapter:<protocol>`, `rslock`, `raw` or `raw-nagle`.
     pub(crate) who: String,
     /// Masters.
     pub(crate) masters: usize,
@@ -127,6 +127,10 @@ pub(crate) async fn run_redis_sections(
     let mut all: Vec<(&str, Option<ProtocolId>, usize)> = configs.to_vec();
     all.push(("raw", None, 3));
     all.push(("raw", None, 5));
+    // The raw loop on redis-rs' default socket (Nagle's algorithm on), at
+    // the fewest and the most masters: what the socket option costs.
+    all.push(("raw-nagle", None, 1));
+    all.push(("raw-nagle", None, 5));
     eprintln!(
         "[1/5] lock+unlock cycles/s ({} points, {:.1} s each, {PASSES} passes)",
         all.len() * TASKS.len(),
@@ -144,8 +148,6 @@ pub(crate) async fn run_redis_sections(
     for pass in 1..=PASSES {
         for &n in &counts {
             let servers = &masters[..n];
-            let clients: Vec<redis::Client> = servers.iter().map(RedisServer::client).collect();
-            let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
             let mut admin = admins(servers).await;
             let mut at_n: Vec<(&str, Option<ProtocolId>)> = all
                 .iter()
@@ -157,11 +159,7 @@ pub(crate) async fn run_redis_sections(
             }
             for tasks in TASKS {
                 for &(who, protocol) in &at_n {
-                    let contender = match (who, protocol) {
-                        (_, Some(p)) => Contender::adapter(p, &clients, tasks)?,
-                        ("rslock", None) => Contender::rslock(&urls, tasks)?,
-                        _ => Contender::raw(&clients, tasks).await?,
-                    };
+                    let contender = Contender::named(who, protocol, servers, tasks).await?;
                     let point =
                         throughput::measure(&mut admin, Arc::new(contender), tasks, warmup, window)
                             .await?;
@@ -221,7 +219,9 @@ pub(crate) async fn run_redis_sections(
         ),
         (
             "rslock acquire (defaults: 3 tries, 0–200 ms apart)".into(),
-            Waiter::Rslock(rslock::LockManager::new(vec![server.url()])),
+            Waiter::Rslock(rslock::LockManager::from_clients(vec![throughput::socket(
+                &server, true,
+            )?])),
         ),
     ];
     for (i, (label, waiter)) in configs.into_iter().enumerate() {
@@ -490,7 +490,10 @@ impl Report {
              tasks; **raw** is a redis-rs loop of `SET key token NX PX` then `EVALSHA` \
              compare-and-delete on one shared multiplexed connection per master (on several \
              masters: each step sent to all masters in parallel), the two round trips a correct \
-             lease lock needs. Commands and new connections per cycle are summed over the masters \
+             lease lock needs. The three use the same socket option: the adapter sets \
+             `TCP_NODELAY` on its connections, and rslock and the raw loop are given clients that \
+             set it too (redis-rs leaves it off by default); **raw-nagle** is the raw loop on \
+             redis-rs' default socket, with Nagle's algorithm on (see below). Commands and new connections per cycle are summed over the masters \
              (from `INFO commandstats` and `total_connections_received` deltas over the window). \
              **Client CPU** is the bench process's user + system time over the window (`utime` + \
              `stime` of `/proc/self/stat`, in ticks of 1/{} s) per cycle; **server CPU** is the \
@@ -572,6 +575,7 @@ impl Report {
             );
         }
         self.render_time_fence_cost(o);
+        self.render_socket_option(o);
         let anomalies: u64 = self.rows.iter().map(|r| r.point.anomalies).sum();
         let _ = writeln!(
             o,
@@ -699,6 +703,61 @@ impl Report {
         for line in lines {
             let _ = writeln!(o, "{line}");
         }
+    }
+
+    /// What Nagle's algorithm does to the raw loop, from the `raw-nagle`
+    /// rows beside the `raw` ones (both passes).
+    fn render_socket_option(&self, o: &mut String) {
+        let mut lines = Vec::new();
+        for row in self.rows.iter().filter(|r| r.who == "raw-nagle") {
+            let (n, tasks) = (row.masters, row.tasks);
+            fn pair(rows: &[Row], n: usize, tasks: usize) -> Option<(&Point, &Point)> {
+                Some((
+                    Report::find(rows, "raw-nagle", n, tasks)?,
+                    Report::find(rows, "raw", n, tasks)?,
+                ))
+            }
+            let (Some((a, b)), again) =
+                (pair(&self.rows, n, tasks), pair(&self.rows_again, n, tasks))
+            else {
+                continue;
+            };
+            let second = again.map_or_else(String::new, |(a2, b2)| {
+                format!(" (pass 2: {:.2}×)", ratio(a2.per_sec, b2.per_sec))
+            });
+            let sys = match (a.client_sys_us, b.client_sys_us) {
+                (Some(x), Some(y)) => format!(", client system CPU {x:.1} against {y:.1} µs"),
+                _ => String::new(),
+            };
+            lines.push(format!(
+                "- {n} master(s), {tasks} task(s): {:.2}× the cycles/s{second}{sys}, server CPU \
+                 {:.1} against {:.1} µs per cycle.",
+                ratio(a.per_sec, b.per_sec),
+                a.server_cpu_us,
+                b.server_cpu_us
+            ));
+        }
+        if lines.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\n### The socket option\n\nThe raw loop on redis-rs' default socket (Nagle's \
+             algorithm on: a small write waits while an earlier one is unacknowledged, so the \
+             requests of many tasks leave in fewer segments) ÷ the same loop with `TCP_NODELAY`, \
+             the option all three contenders above use:\n"
+        );
+        for line in lines {
+            let _ = writeln!(o, "{line}");
+        }
+        let _ = writeln!(
+            o,
+            "\nThe adapter always sets `TCP_NODELAY` (as hiredis and node-redis do, and redis-rs \
+             itself by default from its 2.0 on): a request never waits for another's acknowledgement. The comparisons \
+             above and the targets below therefore give the raw loop and rslock the same \
+             option; with redis-rs' default socket they would measure the option, not the \
+             work per cycle."
+        );
     }
 
     /// The section-1 explanation, computed from the rows.

@@ -6,13 +6,17 @@
 //! protocols), rslock's `LockManager` (one manager shared by the
 //! tasks, as its docs use it) and a raw redis-rs loop of `SET NX PX` then
 //! `EVALSHA` compare-and-delete on one shared multiplexed connection per
-//! master: the two round trips any correct lease lock needs.
+//! master: the two round trips any correct lease lock needs. Every
+//! contender's sockets set `TCP_NODELAY`, as the adapter's do; `raw-nagle`
+//! is the raw loop on redis-rs' default socket (Nagle's algorithm on).
 
 use crate::util::{self, BenchError, Result};
 use futures_util::future::join_all;
 use lockwright_core::{Kind, ProtocolId};
 use lockwright_redis::{Lock, LockOptions, Nodes, Semaphore};
+use lockwright_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
+use redis::io::tcp::TcpSettings;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,13 +86,41 @@ impl Contender {
         Ok(Contender::Adapter(locks))
     }
 
-    /// rslock over `urls`.
-    pub(crate) fn rslock(urls: &[String], tasks: usize) -> Result<Contender> {
-        Ok(Contender::Rslock {
-            manager: rslock::LockManager::new(urls.to_vec()),
+    /// rslock over `clients` (one manager for every task).
+    pub(crate) fn rslock(clients: &[redis::Client], tasks: usize) -> Contender {
+        Contender::Rslock {
+            manager: rslock::LockManager::from_clients(clients.to_vec()),
             keys: (0..tasks)
-                .map(|t| format!("rs:{}:{t}", urls.len()))
+                .map(|t| format!("rs:{}:{t}", clients.len()))
                 .collect(),
+        }
+    }
+
+    /// The contender `who` names (see [`WHO`]) on `servers`, with `tasks`
+    /// tasks. The adapter always sets `TCP_NODELAY` on its connections;
+    /// `raw` and `rslock` are given clients that set it too, so that the
+    /// three send the same requests over sockets alike. `raw-nagle` is the
+    /// raw loop on redis-rs' default socket, which leaves Nagle's algorithm
+    /// on: it coalesces the small requests of many tasks into fewer
+    /// segments while a reply is outstanding.
+    pub(crate) async fn named(
+        who: &str,
+        protocol: Option<ProtocolId>,
+        servers: &[RedisServer],
+        tasks: usize,
+    ) -> Result<Contender> {
+        let clients = |nodelay: bool| -> Result<Vec<redis::Client>> {
+            servers.iter().map(|s| socket(s, nodelay)).collect()
+        };
+        Ok(match (who, protocol) {
+            (_, Some(p)) => {
+                let plain: Vec<redis::Client> = servers.iter().map(RedisServer::client).collect();
+                Contender::adapter(p, &plain, tasks)?
+            }
+            ("rslock", None) => Contender::rslock(&clients(true)?, tasks),
+            ("raw", None) => Contender::raw(&clients(true)?, tasks).await?,
+            ("raw-nagle", None) => Contender::raw(&clients(false)?, tasks).await?,
+            _ => return Err(BenchError(format!("no contender named {who:?}"))),
         })
     }
 
@@ -185,6 +217,20 @@ impl Contender {
             }
         }
     }
+}
+
+/// The contenders other than the adapter, by name.
+pub(crate) const WHO: [&str; 3] = ["raw", "raw-nagle", "rslock"];
+
+/// A client for `server` whose connections set `TCP_NODELAY` to `nodelay`
+/// (redis-rs' default is off).
+pub(crate) fn socket(server: &RedisServer, nodelay: bool) -> Result<redis::Client> {
+    let info = server
+        .client()
+        .get_connection_info()
+        .clone()
+        .set_tcp_settings(TcpSettings::default().set_nodelay(nodelay));
+    Ok(redis::Client::open(info)?)
 }
 
 /// One measured point.
