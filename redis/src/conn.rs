@@ -405,6 +405,9 @@ pub(crate) fn classify(e: &RedisError) -> Failure {
 #[derive(Clone)]
 pub struct Nodes {
     shared: Arc<[Arc<SharedConn>]>,
+    /// The alarm task that wakes the parked holds of every lock on these
+    /// nodes (see the `park` module).
+    alarms: Arc<crate::park::Alarms>,
 }
 
 impl std::fmt::Debug for Nodes {
@@ -433,6 +436,7 @@ impl Nodes {
                 .into_iter()
                 .map(|client| Arc::new(SharedConn::new(client, timeout)))
                 .collect(),
+            alarms: Arc::default(),
         }
     }
 
@@ -484,6 +488,7 @@ impl Nodes {
                 Source::Sentinel(Box::new(group)),
                 timeout,
             ))]),
+            alarms: Arc::default(),
         })
     }
 
@@ -541,6 +546,7 @@ impl Nodes {
                 },
                 timeout,
             ))]),
+            alarms: Arc::default(),
         })
     }
 
@@ -573,6 +579,11 @@ impl Nodes {
 
     /// The routes of `protocol`'s holds: the shared connections, or (for the
     /// protocols that `WATCH`) the clients, for connections of each hold's own.
+    /// The alarm task of these nodes' parked holds.
+    pub(crate) fn alarms(&self) -> &Arc<crate::park::Alarms> {
+        &self.alarms
+    }
+
     pub(crate) fn routes(&self, protocol: lockwright_core::ProtocolId) -> Vec<Route> {
         self.shared
             .iter()

@@ -20,10 +20,14 @@
 //! the driver and the outcome, which it leaves in a slot of its own for the
 //! caller to take ([`Done::Inline`]). A granted hold's driver stays with the
 //! guard, run by the guard's calls in the same way, unless the machine has
-//! work of its own before the lease ends (automatic renewal, an undo still
-//! to resend): then it moves to a task, which serves the guard (release,
-//! extend, renewal, loss at the end of validity) through a channel and
-//! answers each call on a channel of its own ([`Done::Channel`]).
+//! work of its own before the lease ends. When that work is a deadline
+//! (automatic renewal), the driver is parked (the `park` module): the
+//! guard's calls still run it inline, and the nodes' alarm task moves it to
+//! a task of its own when the deadline comes. When it has requests to see
+//! to (an undo still to resend), it moves to a task at once. The task serves
+//! the guard (release, extend, renewal, loss at the end of validity)
+//! through a channel and answers each call on a channel of its own
+//! ([`Done::Channel`]).
 //! Connections are the `conn` module's: shared per node, or the hold's own
 //! for the protocols that `WATCH`.
 //!
@@ -36,6 +40,7 @@ use crate::clock::clock;
 use crate::conn::{Failure, Finished, Io, Route};
 use crate::error::{Error, Operation};
 use crate::lease_cell::LeaseCell;
+pub(crate) use crate::park::{Alarms, Parked, Taken};
 use futures_util::future::Either;
 use lockwright_core::{
     Acquire, Event, Extension, Lease, Machine, Millis, Outcome, Protocol, Request,
@@ -458,6 +463,11 @@ impl Spare {
 pub(crate) struct Inline(Option<Box<Driver>>);
 
 impl Inline {
+    /// No driver (every call answers [`Error::DriverGone`]).
+    pub(crate) fn none() -> Inline {
+        Inline(None)
+    }
+
     /// Hand `op` to the machine.
     pub(crate) fn apply(&mut self, op: Call) {
         if let Some(driver) = &mut self.0 {
@@ -508,33 +518,60 @@ impl Inline {
 
     /// Hand a granted hold's driver to its guard: kept inline while the
     /// machine has nothing to do on its own before the lease ends (the
-    /// guard's calls run it), or moved to a task of its own when it does
-    /// (automatic renewal).
-    pub(crate) fn into_holder(mut self) -> Holder {
-        let Some(driver) = self.0.as_ref() else {
-            return Holder::Inline(self);
-        };
-        let lease_end = driver.machine.lease().map(|l| l.valid_until);
-        // Undo resends still waiting for their time, or sent and owed
-        // another try should they fail, are run by a task too.
-        let acts_on_its_own = !driver.resends.is_empty()
-            || driver.token_requests.iter().any(|r| r.retries_left > 0)
-            || match (driver.machine.poll_timeout(), lease_end) {
-                (Some(at), Some(end)) => at < end,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-        if !acts_on_its_own {
-            return Holder::Inline(self);
+    /// guard's calls run it); parked with `alarms` when all it has to do is
+    /// wait for a deadline (automatic renewal): the guard's calls still run
+    /// it inline, and only a hold that reaches its deadline moves to a task
+    /// of its own; moved to a task at once when it has requests to see to
+    /// (an undo still to resend, or owed another try).
+    pub(crate) fn into_holder(self, alarms: &std::sync::Arc<Alarms>) -> Holder {
+        match self.own_work() {
+            OwnWork::None => Holder::Inline(self),
+            OwnWork::Deadline(at) => match Parked::park(self, at, alarms) {
+                Ok(parked) => Holder::Parked(parked),
+                // No runtime to set an alarm on, nor to run a task on.
+                Err(inline) => Holder::Inline(inline),
+            },
+            OwnWork::Requests => Holder::Task(self.into_task()),
         }
-        let (ops, rx) = mpsc::unbounded_channel();
-        let Some(mut driver) = self.0.take() else {
-            return Holder::Inline(self);
+    }
+
+    /// What the machine does on its own before its lease ends, while
+    /// nobody calls.
+    pub(crate) fn own_work(&self) -> OwnWork {
+        let Some(driver) = self.0.as_ref() else {
+            return OwnWork::None;
         };
-        driver.ops = Some(rx);
-        let span = driver.span.clone();
-        tokio::spawn(driver.run().instrument(span));
-        Holder::Task(ops)
+        // Undo resends still waiting for their time, or sent and owed
+        // another try should they fail, need the requests seen to.
+        if !driver.resends.is_empty()
+            || driver.token_requests.iter().any(|r| r.retries_left > 0)
+            || !driver.io.is_idle()
+        {
+            return OwnWork::Requests;
+        }
+        let lease_end = driver.machine.lease().map(|l| l.valid_until);
+        let at = match (driver.machine.poll_timeout(), lease_end) {
+            (Some(at), Some(end)) if at < end => at,
+            (Some(at), None) => at,
+            _ => return OwnWork::None,
+        };
+        match driver.instant_of(at) {
+            Some(instant) => OwnWork::Deadline(instant),
+            // Beyond what the clock can represent: as good as never.
+            None => OwnWork::None,
+        }
+    }
+
+    /// Move the driver to a task of its own, which serves the guard's
+    /// calls through the returned channel.
+    pub(crate) fn into_task(mut self) -> mpsc::UnboundedSender<Call> {
+        let (ops, rx) = mpsc::unbounded_channel();
+        if let Some(mut driver) = self.0.take() {
+            driver.ops = Some(rx);
+            let span = driver.span.clone();
+            tokio::spawn(driver.run().instrument(span));
+        }
+        ops
     }
 
     /// The hold's loss signal: notified (`notify_waiters`) once the driver
@@ -558,10 +595,26 @@ impl Inline {
     }
 }
 
+/// What a hold's machine does on its own, while nobody calls, before its
+/// lease ends ([`Inline::own_work`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum OwnWork {
+    /// Nothing: the guard's calls run it.
+    None,
+    /// It acts at this instant (a renewal), and has no request to see to
+    /// before then.
+    Deadline(Instant),
+    /// It has requests in flight or to resend.
+    Requests,
+}
+
 /// Who runs a granted hold's machine.
 pub(crate) enum Holder {
     /// The guard's own calls.
     Inline(Inline),
+    /// The guard's own calls until its deadline; from then on a task (see
+    /// [`Parked`]).
+    Parked(std::sync::Arc<Parked>),
     /// A task, reached through this channel.
     Task(mpsc::UnboundedSender<Call>),
 }
@@ -575,18 +628,30 @@ impl Holder {
     where
         Result<T, Error>: Answered,
     {
-        match self {
+        let ops = match self {
             Holder::Inline(inline) => {
                 let done = inline.done();
-                inline.call(op(done)).await.ok_or(Error::DriverGone)?
+                return inline.call(op(done)).await.ok_or(Error::DriverGone)?;
             }
-            Holder::Task(ops) => {
-                let (done, result) = oneshot::channel();
-                ops.send(op(Done::Channel(done)))
-                    .map_err(|_| Error::DriverGone)?;
-                result.await.map_err(|_| Error::DriverGone)?
-            }
-        }
+            Holder::Parked(parked) => match Parked::take(parked) {
+                // Put back when `borrowed` goes, parked for its next
+                // deadline or moved to a task: after the call, or when the
+                // call is cut short (the driver then finishes the call's
+                // work as it would inline, or in its task).
+                Taken::Here(mut borrowed) => {
+                    let inline = borrowed.inline();
+                    let done = inline.done();
+                    return inline.call(op(done)).await.ok_or(Error::DriverGone)?;
+                }
+                Taken::Task(ops) => ops,
+                Taken::Gone => return Err(Error::DriverGone),
+            },
+            Holder::Task(ops) => ops.clone(),
+        };
+        let (done, result) = oneshot::channel();
+        ops.send(op(Done::Channel(done)))
+            .map_err(|_| Error::DriverGone)?;
+        result.await.map_err(|_| Error::DriverGone)?
     }
 }
 

@@ -108,6 +108,8 @@ mod lock;
 #[cfg(not(loom))]
 mod notices;
 #[cfg(not(loom))]
+mod park;
+#[cfg(not(loom))]
 mod source;
 mod sync;
 #[cfg(not(loom))]

@@ -208,6 +208,8 @@ struct Shared {
     make_fresh: Option<driver::MakeMachine>,
     /// The driver the last hold left, for the next acquire.
     spare: Arc<driver::Spare>,
+    /// The nodes' alarm task, for holds that renew (see `driver::Parked`).
+    alarms: Arc<driver::Alarms>,
 }
 
 impl Shared {
@@ -286,6 +288,7 @@ impl Shared {
             fresh_tokens: true,
             make_fresh,
             spare: Arc::default(),
+            alarms: Arc::clone(nodes.alarms()),
         })
     }
 
@@ -483,7 +486,7 @@ impl Shared {
                     protocol: self.protocol,
                     holds: 1,
                     lost: driver.lost(),
-                    holder: driver.into_holder(),
+                    holder: driver.into_holder(&self.alarms),
                     lease: g.lease,
                     cell: g.cell,
                     span,
