@@ -824,7 +824,10 @@ impl<R: Recipe> Engine<R> {
     /// Stay held on the old lease after an extend that did not go through,
     /// and report `event`; when the lease has run out by then, report
     /// `Lost` alone, which concludes the extend (the contract: one event
-    /// per operation, see `Event::Lost`).
+    /// per operation, see `Event::Lost`). With `auto_renew`, renewal tries
+    /// again a third of a TTL later (the extend cleared its timer): an
+    /// unanswered or refused renewal, or the application's extend, must
+    /// not end the renewals of a hold that stands.
     fn hold_on(&mut self, now: Millis, lease: Lease, event: Event) {
         if now >= lease.valid_until {
             self.go_idle();
@@ -832,8 +835,11 @@ impl<R: Recipe> Engine<R> {
             return;
         }
         self.base.timers.clear(Timer::Reply);
-        if self.ttl_ms.is_some() {
+        if let Some(ttl) = self.ttl_ms {
             self.base.timers.set(Timer::Expiry, lease.valid_until);
+            if self.auto_renew {
+                self.base.timers.set(Timer::Renew, now + (ttl / 3).max(1));
+            }
         }
         let since = R::KEEPS_HOLD_START.then_some(now);
         self.state = State::Held { lease, since };

@@ -18,7 +18,7 @@
 //! without the command running).
 
 use lockwright_core::keyspace::{
-    Command, ConnId, Keyspace, ScoreBound, Script, SetCondition, SetExpiry,
+    Command, ConnId, Keyspace, Reply, ScoreBound, Script, SetCondition, SetExpiry,
 };
 use lockwright_core::rng::SplitMix64;
 use lockwright_core::{
@@ -913,6 +913,72 @@ fn a_renewal_nobody_asked_for_says_so() {
         assert_eq!(m.extend(now), Ok(()), "{id}");
         assert!(m.poll_transmit().is_some(), "{id}: extend sends");
     }
+}
+
+/// A renewal that gets no reply, or an error, leaves the hold standing on
+/// its old lease, and renewal tries again before that lease runs out
+/// (`Event::RenewalFailed`: "the hold stands, renewal tries again"); an
+/// extend of the application's that gets no reply does the same.
+#[test]
+fn renewal_tries_again_after_a_renewal_or_an_extend_that_did_not_go_through() {
+    let mut renewing = BTreeSet::new();
+    for id in ProtocolId::all() {
+        for (case, user_extend, outcome) in [
+            ("unanswered renewal", false, Outcome::Unknown),
+            (
+                "refused renewal",
+                false,
+                Outcome::Reply(Reply::Error("ERR busy".into())),
+            ),
+            ("unanswered extend", true, Outcome::Unknown),
+        ] {
+            let Some((mut m, _nodes, renewal, now)) = renewal_in_flight(id) else {
+                continue;
+            };
+            renewing.insert(id);
+            let mut now = now;
+            let mut pending = renewal;
+            if user_extend {
+                // Let the renewal through first, then the application's
+                // extend goes unanswered.
+                let mut nodes = _nodes;
+                let reply =
+                    nodes[usize::from(pending.node.0)].execute(ConnId(0), now, &pending.command);
+                m.handle_reply(now, pending.id, Outcome::Reply(reply));
+                while m.poll_event().is_some() {}
+                now = Millis(now.0 + 1);
+                m.extend(now).expect("held");
+                pending = m.poll_transmit().expect("the extend sends");
+            }
+            let valid_until = m.lease().expect("held").valid_until;
+            m.handle_reply(now, pending.id, outcome.clone());
+            let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+            assert_eq!(events.len(), 1, "{id}, {case}: {events:?}");
+            assert!(
+                !matches!(events[0], lockwright_core::Event::Lost),
+                "{id}, {case}: {events:?}"
+            );
+            assert!(m.lease().is_some(), "{id}, {case}: the hold stands");
+            // The next deadline is a renewal, before the old lease ends.
+            let next = m.poll_timeout().expect("a deadline");
+            assert!(
+                next < valid_until,
+                "{id}, {case}: next deadline {next:?} not before the lease's end {valid_until:?}"
+            );
+            m.handle_timeout(next);
+            let again = m.poll_transmit();
+            assert!(
+                again.is_some(),
+                "{id}, {case}: renewal tries again at {next:?}"
+            );
+        }
+    }
+    assert!(renewing.contains(&ProtocolId::Fenced), "{renewing:?}");
+    assert!(renewing.contains(&ProtocolId::Reentrant), "{renewing:?}");
+    assert!(
+        renewing.contains(&ProtocolId::LeaseSemaphore),
+        "{renewing:?}"
+    );
 }
 
 /// Every event concludes the operation the contract says it does, and only

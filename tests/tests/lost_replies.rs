@@ -382,3 +382,62 @@ async fn an_unanswered_release_is_unknown_after_the_request_timeout() {
         "the unanswered release was reported after {took:?}, not after the 300 ms request timeout"
     );
 }
+
+/// A renewal, or an extend of the application's, that gets no reply leaves
+/// the hold standing on its old lease, and renewal tries again: the hold
+/// outlives its TTL several times over. Writes are held up at the server
+/// (`CLIENT PAUSE … WRITE`) past the request timeout, so the request runs
+/// late and its reply is never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_goes_on_after_a_renewal_or_an_extend_without_a_reply() {
+    let Some(redis) = redis_or_skip("renewal after an unanswered renewal") else {
+        return;
+    };
+    for protocol in [
+        ProtocolId::Fenced,
+        ProtocolId::TimeFenced,
+        ProtocolId::Reentrant,
+    ] {
+        let options = LockOptions {
+            auto_renew: true,
+            request_timeout: Duration::from_millis(150),
+            ..LockOptions::new(protocol, Duration::from_millis(1_500))
+        };
+        let name = format!("renew-on-{protocol}");
+        let lock = Lock::new([redis.client()], name.as_str(), options).unwrap();
+        let mut guard = lock.acquire().await.unwrap();
+        let mut conn = redis.conn().await;
+        // The application's extend, unanswered within its timeout.
+        let _: () = raw(
+            &mut conn,
+            redis::cmd("CLIENT").arg("PAUSE").arg(400).arg("WRITE"),
+        )
+        .await;
+        assert!(
+            matches!(
+                guard.extend().await,
+                Err(Error::OutcomeUnknown {
+                    operation: Operation::Extend,
+                    ..
+                })
+            ),
+            "{protocol}: the extend got no reply in time"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The next renewal (due about 0.5 s after the extend) unanswered too.
+        let _: () = raw(
+            &mut conn,
+            redis::cmd("CLIENT").arg("PAUSE").arg(400).arg("WRITE"),
+        )
+        .await;
+        // Four TTLs later: renewed all along.
+        tokio::time::sleep(Duration::from_millis(6_000)).await;
+        assert!(guard.is_held(), "{protocol}: renewal went on: {guard:?}");
+        assert!(!guard.is_lost(), "{protocol}");
+        assert!(
+            redis.pttl(&lock.key()).await > 0,
+            "{protocol}: the key stands"
+        );
+        assert_eq!(guard.release().await, Ok(true), "{protocol}");
+    }
+}
