@@ -577,13 +577,13 @@ impl Nodes {
         self.shared.get(i).map(|s| Arc::clone(&s.hub))
     }
 
-    /// The routes of `protocol`'s holds: the shared connections, or (for the
-    /// protocols that `WATCH`) the clients, for connections of each hold's own.
     /// The alarm task of these nodes' parked holds.
     pub(crate) fn alarms(&self) -> &Arc<crate::park::Alarms> {
         &self.alarms
     }
 
+    /// The routes of `protocol`'s holds: the shared connections, or (for the
+    /// protocols that `WATCH`) the clients, for connections of each hold's own.
     pub(crate) fn routes(&self, protocol: lockwright_core::ProtocolId) -> Vec<Route> {
         self.shared
             .iter()
@@ -809,6 +809,14 @@ impl Io {
             link.answered = None;
         }
         self.next_link = 0;
+        self.timer = None;
+        self.armed = None;
+        self.fired = false;
+    }
+
+    /// Forget the reply timer (made in a runtime that may be gone); the
+    /// next poll arms a new one for the requests in flight.
+    pub(crate) fn drop_timer(&mut self) {
         self.timer = None;
         self.armed = None;
         self.fired = false;

@@ -373,8 +373,8 @@ struct TokenReleaseTally {
 
 /// A driver for `machine` over `routes` (node `i` is `routes[i]`), not yet
 /// running: [`Inline::drive`] runs it inside the caller's future, and
-/// [`Inline::into_holder`] moves it to a task of its own when the hold acts
-/// on its own (automatic renewal). A driver taken from `spare` keeps the
+/// [`Inline::into_holder`] parks it or moves it to a task of its own when
+/// the hold acts on its own (automatic renewal, undo resends). A driver taken from `spare` keeps the
 /// routes and settings it was first made with: a spare belongs to one lock,
 /// whose routes and settings never change, so every call for that lock
 /// must pass the same ones.
@@ -414,6 +414,7 @@ pub(crate) fn new(
         answer: None,
         inline_op: 0,
         sleep: None,
+        timers_runtime: None,
         span,
         spare: Some(std::sync::Arc::clone(spare)),
     })))
@@ -494,6 +495,7 @@ impl Inline {
     /// driver dropped the operation, as a closed channel would say).
     pub(crate) async fn drive<T: Answered>(&mut self) -> Option<T> {
         let driver = self.0.as_mut()?;
+        driver.on_this_runtime();
         let span = driver.span.clone();
         in_span(span, async {
             loop {
@@ -730,6 +732,10 @@ struct Driver {
     inline_op: u64,
     /// The timer, created at the first deadline.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// The runtime the timers (this one and the `Io`'s) were made in, as
+    /// of the last call or task that ran the driver
+    /// ([`Driver::on_this_runtime`]).
+    timers_runtime: Option<tokio::runtime::Id>,
     span: tracing::Span,
     /// Where this driver goes when its hold ends inline with nothing left
     /// to do (see [`Spare`]); `None` while it is kept there.
@@ -768,6 +774,7 @@ impl Driver {
             answer,
             inline_op: _,
             sleep,
+            timers_runtime,
             span,
             // Already taken: a kept driver does not point at its spare.
             spare: _,
@@ -789,6 +796,7 @@ impl Driver {
         *released_by_token = None;
         *answer = None;
         *sleep = None;
+        *timers_runtime = None;
         *span = tracing::Span::none();
     }
 
@@ -850,7 +858,22 @@ impl Driver {
         clock().instant_of(at).map(Instant::from_std)
     }
 
+    /// Drop the timers if they were made in another runtime than the one
+    /// running the driver now: a timer belongs to its runtime, and polling
+    /// it from another after that one shut down panics. A guard's calls
+    /// may come from any runtime; each call, and a task at its start, asks
+    /// here (one look at the current runtime per call).
+    fn on_this_runtime(&mut self) {
+        let now = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
+        if now != self.timers_runtime {
+            self.sleep = None;
+            self.io.drop_timer();
+            self.timers_runtime = now;
+        }
+    }
+
     async fn run(mut self: Box<Self>) {
+        self.on_this_runtime();
         loop {
             self.drain();
             if self.should_stop() {

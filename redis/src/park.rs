@@ -1,31 +1,35 @@
 //! Parked holds: a granted hold whose machine has nothing to do before a
 //! deadline (automatic renewal at a third of the TTL) stays with its guard,
-//! whose calls run it inline as they run a hold that never renews, and one
-//! task per [`Nodes`](crate::Nodes) and runtime ([`Alarms`]) wakes it at
-//! the deadline by moving it to a task of its own, as every renewing hold
-//! was moved at its grant before. A hold released before its first renewal
+//! whose calls run it inline as they run a hold that never renews, and an
+//! alarm task of its [`Nodes`](crate::Nodes) ([`Alarms`]) wakes it at the
+//! deadline by moving it to a task of its own, as every renewing hold was
+//! moved at its grant before. A hold released before its first renewal
 //! (most short holds) therefore costs no task, no channel and no hop
 //! between tasks for the release.
 //!
 //! The alarm task keeps the deadlines in a heap, each with a weak handle
 //! to its hold: a hold that is gone by its deadline is skipped, and one
-//! whose deadline moved (a guard's `extend` ran it) is woken at the new
-//! deadline, which its guard registered after the call. A registration
-//! wakes the task only when it comes before the deadline the task sleeps
-//! until; holds of one TTL register in order, so it seldom does.
+//! whose deadline moved later (a guard's `extend` ran it) is registered
+//! again at its new deadline when the old one comes. A hold registers only
+//! a deadline earlier than the one it already has in the heap, so it keeps
+//! one or two entries there however often its guard calls; and a
+//! registration wakes the task only when it comes before the deadline the
+//! task sleeps until (holds of one TTL register in order, so it seldom
+//! does).
 //!
-//! The task lives on the runtime that registered with it: a hold parked
-//! from another runtime starts a task there (a timer belongs to the runtime
-//! it was made in), and the earlier task serves what it holds, then ends.
-//! When the runtime shuts down, the task goes with it, and the holds it
-//! would have woken are not renewed: their TTL ends them, as it ended a
-//! renewing hold's task before.
+//! A hold's alarm runs on the runtime it was granted in, whichever runtime
+//! its guard's calls come from (each runtime has an alarm task of its own),
+//! as its task did before: when that runtime shuts down, the holds it would
+//! have woken are not renewed, and their TTL ends them. A guard dropped
+//! outside any runtime hands its driver to the grant runtime, which
+//! releases the hold (best effort) as a task did when its channel closed.
 
 use crate::driver::{Call, Inline, OwnWork};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
@@ -33,10 +37,16 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The alarm task of a [`Nodes`](crate::Nodes), started at its first
-/// parked hold (see the module docs).
+/// Holds woken in one go before the alarm task yields to the runtime (a
+/// burst of deadlines, as when many holds were taken together, must not
+/// keep a worker from the rest of its tasks).
+const WAKES_PER_TURN: usize = 64;
+
+/// The alarm tasks of a [`Nodes`](crate::Nodes), one per runtime its holds
+/// were granted in, each started at the first parked hold of its runtime
+/// (see the module docs).
 #[derive(Default)]
-pub(crate) struct Alarms(Mutex<Option<AlarmTask>>);
+pub(crate) struct Alarms(Mutex<Vec<AlarmTask>>);
 
 impl std::fmt::Debug for Alarms {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -55,7 +65,7 @@ struct AlarmTask {
 struct AlarmShared {
     heap: Mutex<AlarmHeap>,
     notify: Notify,
-    /// The task has ended (its runtime shut down): register elsewhere.
+    /// The task has ended (its runtime shut down, or it was closed).
     ended: AtomicBool,
 }
 
@@ -67,8 +77,8 @@ struct AlarmHeap {
     armed: Option<Instant>,
     /// Registrations so far: ties between equal deadlines go in order.
     seq: u64,
-    /// No registration comes any more (the `Nodes` is gone): the task ends
-    /// once the holds it has are gone or woken.
+    /// No registration comes any more (the `Nodes` and every parked hold
+    /// are gone): the task forgets what is left and ends.
     closed: bool,
 }
 
@@ -101,27 +111,21 @@ impl Ord for Alarm {
 }
 
 impl Alarms {
-    /// Wake `parked` at `at`. `false` when there is no runtime to run an
-    /// alarm task on.
-    #[must_use = "no alarm is set without a runtime"]
-    fn set(&self, at: Instant, parked: &Arc<Parked>) -> bool {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
-        let id = runtime.id();
+    /// Wake `parked` at `at`, on the alarm task of its grant runtime
+    /// (started there if it has none, or its last one ended).
+    fn set(&self, at: Instant, parked: &Arc<Parked>) {
+        let id = parked.runtime.id();
         let shared = {
-            let mut slot = locked(&self.0);
-            match &*slot {
-                Some(task) if task.runtime == id && !task.shared.ended.load(Ordering::Acquire) => {
-                    Arc::clone(&task.shared)
-                }
-                _ => {
-                    if let Some(earlier) = slot.take() {
-                        earlier.shared.close();
-                    }
+            let mut tasks = locked(&self.0);
+            tasks.retain(|t| !t.shared.ended.load(Ordering::Acquire));
+            match tasks.iter().find(|t| t.runtime == id) {
+                Some(task) => Arc::clone(&task.shared),
+                None => {
                     let shared = Arc::new(AlarmShared::default());
-                    runtime.spawn(alarm_task(Arc::clone(&shared)));
-                    *slot = Some(AlarmTask {
+                    // On a runtime that has shut down the task is dropped
+                    // at once, and the hold is not woken: its TTL ends it.
+                    parked.runtime.spawn(alarm_task(Arc::clone(&shared)));
+                    tasks.push(AlarmTask {
                         runtime: id,
                         shared: Arc::clone(&shared),
                     });
@@ -130,13 +134,12 @@ impl Alarms {
             }
         };
         shared.push(at, Arc::downgrade(parked));
-        true
     }
 }
 
 impl Drop for Alarms {
     fn drop(&mut self) {
-        if let Some(task) = locked(&self.0).take() {
+        for task in locked(&self.0).drain(..) {
             task.shared.close();
         }
     }
@@ -187,25 +190,26 @@ async fn wake_due(shared: &AlarmShared) {
         let now = Instant::now();
         let next = {
             let mut heap = locked(&shared.heap);
+            if heap.closed {
+                // Closed only once every parked hold is gone (each keeps
+                // the `Alarms` alive): nothing is left to wake.
+                return;
+            }
             while heap.alarms.peek().is_some_and(|a| a.at <= now) {
                 if let Some(alarm) = heap.alarms.pop() {
                     due.push(alarm.parked);
-                }
-            }
-            if heap.closed {
-                // Nobody registers any more: forget the holds that are gone.
-                heap.alarms.retain(|a| a.parked.strong_count() > 0);
-                if heap.alarms.is_empty() && due.is_empty() {
-                    return;
                 }
             }
             let next = heap.alarms.peek().map(|a| a.at);
             heap.armed = next;
             next
         };
-        for parked in due.drain(..) {
+        for (n, parked) in due.drain(..).enumerate() {
             if let Some(parked) = parked.upgrade() {
                 parked.wake(now);
+            }
+            if n % WAKES_PER_TURN == WAKES_PER_TURN - 1 {
+                tokio::task::yield_now().await;
             }
         }
         match next {
@@ -221,16 +225,28 @@ async fn wake_due(shared: &AlarmShared) {
 }
 
 /// A parked hold (see the module docs), shared by its guard and, weakly,
-/// by the alarm that wakes it.
+/// by the alarms that wake it.
 pub(crate) struct Parked {
-    state: Mutex<State>,
+    state: Mutex<Slot>,
     alarms: Arc<Alarms>,
+    /// The runtime the hold was granted in: its alarms run there, and a
+    /// guard dropped outside any runtime gives its driver back there.
+    runtime: Handle,
 }
 
 impl std::fmt::Debug for Parked {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Parked").finish_non_exhaustive()
     }
+}
+
+/// Where the driver is, and the earliest deadline registered for it.
+struct Slot {
+    state: State,
+    /// The earliest of its deadlines in an alarm heap (`None` when none is
+    /// known to be there): a later deadline is not registered, the alarm
+    /// at this one registers it when it comes.
+    alarm: Option<Instant>,
 }
 
 enum State {
@@ -256,57 +272,66 @@ pub(crate) enum Taken {
 
 impl Parked {
     /// Park `inline`, whose next act is at `at`; `Err(inline)` back when
-    /// no alarm can be set (no runtime).
+    /// there is no runtime to run its alarm on.
     pub(crate) fn park(
         inline: Inline,
         at: Instant,
         alarms: &Arc<Alarms>,
     ) -> Result<Arc<Parked>, Inline> {
+        let Ok(runtime) = Handle::try_current() else {
+            return Err(inline);
+        };
         let parked = Arc::new(Parked {
-            state: Mutex::new(State::Here(inline)),
+            state: Mutex::new(Slot {
+                state: State::Here(inline),
+                alarm: Some(at),
+            }),
             alarms: Arc::clone(alarms),
+            runtime,
         });
-        if alarms.set(at, &parked) {
-            return Ok(parked);
-        }
-        let state = std::mem::replace(&mut *locked(&parked.state), State::Out);
-        match state {
-            State::Here(inline) => Err(inline),
-            // Not reached: nothing else has seen `parked`.
-            State::Out | State::Task(_) => Err(Inline::none()),
-        }
+        alarms.set(at, &parked);
+        Ok(parked)
     }
 
     /// Take the driver for a guard's call.
     pub(crate) fn take(parked: &Arc<Parked>) -> Taken {
-        let mut state = locked(&parked.state);
-        match std::mem::replace(&mut *state, State::Out) {
+        let mut slot = locked(&parked.state);
+        match std::mem::replace(&mut slot.state, State::Out) {
             State::Here(inline) => Taken::Here(Borrowed {
                 parked: Arc::clone(parked),
                 inline: Some(inline),
             }),
             State::Task(ops) => {
-                *state = State::Task(ops.clone());
+                slot.state = State::Task(ops.clone());
                 Taken::Task(ops)
             }
             State::Out => Taken::Gone,
         }
     }
 
-    /// The alarm at `now`: move the driver to a task if its deadline has
-    /// come (a guard's call may have moved it later, and registered the
-    /// new one).
-    fn wake(&self, now: Instant) {
-        let mut state = locked(&self.state);
-        let State::Here(inline) = &*state else {
+    /// An alarm at `now`: move the driver to a task if its deadline has
+    /// come; if a guard's call moved the deadline later, register the new
+    /// one.
+    fn wake(self: &Arc<Parked>, now: Instant) {
+        let mut slot = locked(&self.state);
+        if slot.alarm.is_some_and(|at| at <= now) {
+            slot.alarm = None;
+        }
+        let State::Here(inline) = &slot.state else {
             return;
         };
         match inline.own_work() {
-            OwnWork::Deadline(at) if at > now => {}
             OwnWork::None => {}
+            OwnWork::Deadline(at) if at > now => {
+                if slot.alarm.is_none_or(|known| at < known) {
+                    slot.alarm = Some(at);
+                    drop(slot);
+                    self.alarms.set(at, self);
+                }
+            }
             OwnWork::Deadline(_) | OwnWork::Requests => {
-                if let State::Here(inline) = std::mem::replace(&mut *state, State::Out) {
-                    *state = State::Task(inline.into_task());
+                if let State::Here(inline) = std::mem::replace(&mut slot.state, State::Out) {
+                    slot.state = State::Task(inline.into_task());
                 }
             }
         }
@@ -316,22 +341,47 @@ impl Parked {
     /// deadline, kept for the next call, or moved to a task.
     fn put_back(self: &Arc<Parked>, inline: Inline) {
         let work = inline.own_work();
-        let mut state = locked(&self.state);
+        let mut slot = locked(&self.state);
         match work {
             OwnWork::Deadline(at) => {
                 // In place before the alarm is set, so that an alarm due
                 // at once finds it.
-                *state = State::Here(inline);
-                drop(state);
-                // Without a runtime (a call cut short by dropping its future
-                // outside one) no alarm can be set and no task can run: the
-                // hold waits for its guard's next call, or its TTL ends it.
-                let _ = self.alarms.set(at, self);
+                slot.state = State::Here(inline);
+                if slot.alarm.is_none_or(|known| at < known) {
+                    slot.alarm = Some(at);
+                    drop(slot);
+                    self.alarms.set(at, self);
+                }
             }
-            OwnWork::Requests if tokio::runtime::Handle::try_current().is_ok() => {
-                *state = State::Task(inline.into_task());
-            }
-            OwnWork::None | OwnWork::Requests => *state = State::Here(inline),
+            // A task runs on the grant runtime, wherever the call ran.
+            OwnWork::Requests => slot.state = State::Task(self.to_task(inline)),
+            OwnWork::None => slot.state = State::Here(inline),
+        }
+    }
+
+    /// Move `inline` to a task on the grant runtime.
+    fn to_task(&self, inline: Inline) -> mpsc::UnboundedSender<Call> {
+        let _entered = self.runtime.enter();
+        inline.into_task()
+    }
+}
+
+impl Drop for Parked {
+    /// The guard is gone (and no alarm is waking it). Inside a runtime the
+    /// driver's own drop finishes its work (it releases the hold, best
+    /// effort); outside any, the driver goes back to the grant runtime to
+    /// be dropped there.
+    fn drop(&mut self) {
+        let slot = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let State::Here(inline) = std::mem::replace(&mut slot.state, State::Out) else {
+            return;
+        };
+        if Handle::try_current().is_ok() {
+            drop(inline);
+        } else {
+            // On a runtime that has shut down the future is dropped here,
+            // and with no runtime the TTL ends the hold.
+            self.runtime.spawn(async move { drop(inline) });
         }
     }
 }
@@ -362,10 +412,22 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn task_of(alarms: &Alarms) -> Arc<AlarmShared> {
-        let slot = locked(&alarms.0);
-        let task = slot.as_ref().expect("an alarm task was started");
-        Arc::clone(&task.shared)
+    /// The alarm task of the current runtime.
+    fn task_here(alarms: &Alarms) -> Arc<AlarmShared> {
+        let id = Handle::current().id();
+        let tasks = locked(&alarms.0);
+        let task = tasks.iter().find(|t| t.runtime == id);
+        Arc::clone(&task.expect("an alarm task on this runtime").shared)
+    }
+
+    async fn ends(task: &AlarmShared) -> bool {
+        for _ in 0..100 {
+            if task.ended.load(Ordering::Acquire) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
     }
 
     #[test]
@@ -388,32 +450,28 @@ mod tests {
         let alarms = Arc::new(Alarms::default());
         let later = Instant::now() + Duration::from_secs(3_600);
         let Ok(parked) = Parked::park(Inline::none(), later, &alarms) else {
-            panic!("an alarm is set inside a runtime");
+            panic!("a hold parks inside a runtime");
         };
-        let task = task_of(&alarms);
+        let task = task_here(&alarms);
         // The nodes go; a parked hold is still there: the task stays.
         drop(alarms);
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!task.ended.load(Ordering::Acquire), "it still has a hold");
-        // The hold goes too: the task forgets it and ends.
+        // The hold goes too, and with it the last of the alarms: the task
+        // ends.
         drop(parked);
-        task.notify.notify_one();
-        for _ in 0..100 {
-            if task.ended.load(Ordering::Acquire) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the alarm task did not end");
+        assert!(ends(&task).await, "the alarm task did not end");
     }
 
     #[tokio::test]
-    async fn a_runtime_of_its_own_starts_a_task_of_its_own() {
+    async fn a_hold_parks_on_its_grant_runtime_whatever_runtime_calls_next() {
         let alarms = Arc::new(Alarms::default());
         let later = Instant::now() + Duration::from_secs(3_600);
-        let first = Parked::park(Inline::none(), later, &alarms).ok();
-        let here = task_of(&alarms);
-        let other = std::thread::scope(|s| {
+        let here = Parked::park(Inline::none(), later, &alarms).ok();
+        let task = task_here(&alarms);
+        // A hold granted in another runtime gets an alarm task there; the
+        // task here goes on.
+        let (other_task, other) = std::thread::scope(|s| {
             s.spawn(|| {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -421,23 +479,48 @@ mod tests {
                     .expect("a runtime");
                 runtime.block_on(async {
                     let parked = Parked::park(Inline::none(), later, &alarms).ok();
-                    (task_of(&alarms), parked)
+                    (task_here(&alarms), parked)
                 })
             })
             .join()
             .expect("the thread ends")
         });
+        assert!(!Arc::ptr_eq(&task, &other_task), "a task per runtime");
         assert!(
-            !Arc::ptr_eq(&here, &other.0),
-            "another runtime, another task"
+            other_task.ended.load(Ordering::Acquire),
+            "ended with its runtime"
         );
-        // The first task was told that no more registrations come.
-        assert!(locked(&here.heap).closed);
-        // The other runtime is gone, and its task with it: the next hold
-        // here starts a task on this runtime again.
-        assert!(other.0.ended.load(Ordering::Acquire));
-        let again = Parked::park(Inline::none(), later, &alarms).ok();
-        assert!(!Arc::ptr_eq(&task_of(&alarms), &other.0));
-        drop((first, other.1, again));
+        assert!(!task.ended.load(Ordering::Acquire), "the one here goes on");
+        // A later registration of the hold granted here goes to the task
+        // here, from wherever it comes.
+        let Some(here) = here else {
+            panic!("parked");
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(async { alarms.set(later, &here) });
+            });
+        });
+        assert_eq!(locked(&task.heap).alarms.len(), 2, "registered here again");
+        drop((here, other));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_guard_dropped_outside_any_runtime_hands_its_driver_back() {
+        let alarms = Arc::new(Alarms::default());
+        let later = Instant::now() + Duration::from_secs(3_600);
+        let parked = Parked::park(Inline::none(), later, &alarms).ok();
+        // Dropped on a thread of no runtime: the drop is spawned on the
+        // grant runtime, not lost, and does not panic.
+        std::thread::spawn(move || drop(parked))
+            .join()
+            .expect("no panic");
+        let task = task_here(&alarms);
+        drop(alarms);
+        assert!(ends(&task).await, "every hold is gone");
     }
 }

@@ -148,3 +148,154 @@ async fn an_extend_before_the_renewal_moves_the_alarm() {
     assert!(!guard.is_lost());
     assert_eq!(guard.release().await, Ok(true));
 }
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A parked guard dropped outside any runtime: its driver goes back to the
+/// grant runtime, which releases the hold.
+#[test]
+fn a_parked_guard_dropped_outside_the_runtime_is_released() {
+    let Some(redis) = redis_or_skip("parked holds") else {
+        return;
+    };
+    let rt = runtime();
+    // TTL 10 s: the first renewal (3.3 s) is far off, the hold stays parked.
+    let lock = Lock::new([redis.client()], "parked-drop-outside", renewing(10_000)).unwrap();
+    let guard = rt.block_on(lock.acquire()).unwrap();
+    // Dropped on this thread, outside the runtime, which still runs.
+    drop(guard);
+    std::thread::sleep(Duration::from_millis(500));
+    let again = rt.block_on(lock.try_acquire()).unwrap();
+    assert!(
+        again.is_some(),
+        "the dropped guard's hold was not released (it stands until its TTL)"
+    );
+    rt.block_on(again.unwrap().release()).unwrap();
+}
+
+/// A guard call made from another runtime that then goes away: the hold's
+/// alarms run on its grant runtime, which still runs, so it keeps
+/// renewing.
+#[test]
+fn an_extend_from_a_short_lived_runtime_leaves_the_hold_renewing() {
+    let Some(redis) = redis_or_skip("parked holds") else {
+        return;
+    };
+    let rt = runtime();
+    let lock = Lock::new([redis.client()], "parked-two-runtimes", renewing(900)).unwrap();
+    let mut guard = rt.block_on(lock.acquire()).unwrap();
+    {
+        let other = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        other.block_on(guard.extend()).unwrap();
+    }
+    // Past the TTL twice, with `rt` running all along.
+    std::thread::sleep(Duration::from_millis(2_000));
+    assert!(
+        guard.is_held(),
+        "not renewed although its runtime still runs: lost {}",
+        guard.is_lost()
+    );
+    let rival = rt.block_on(lock.try_acquire()).unwrap();
+    assert!(rival.is_none(), "a rival got the lock");
+    rt.block_on(guard.release()).unwrap();
+}
+
+/// A registration earlier than the deadline the alarm task sleeps until
+/// wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_deadline_registered_later_wakes_the_alarm_task() {
+    let Some(redis) = redis_or_skip("parked holds") else {
+        return;
+    };
+    let nodes = lockwright_redis::Nodes::new([redis.client()]);
+    let long = Lock::on(&nodes, "parked-long", renewing(60_000)).unwrap();
+    let short = Lock::on(&nodes, "parked-short", renewing(900)).unwrap();
+    let a = long.acquire().await.unwrap(); // the alarm sleeps until +20 s
+    let b = short.acquire().await.unwrap(); // renewal due at +0.3 s
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert!(b.is_held(), "the short hold was not renewed");
+    assert_eq!(b.release().await, Ok(true));
+    assert_eq!(a.release().await, Ok(true));
+}
+
+/// An alarm made stale by a call (an extend moved the deadline) leaves
+/// the hold parked until its new deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_hold_stays_parked_past_its_old_deadline() {
+    let Some(redis) = redis_or_skip("parked holds") else {
+        return;
+    };
+    let nodes = lockwright_redis::Nodes::new([redis.client()]);
+    let lock = Lock::on(&nodes, "parked-stale-alarm", renewing(3_000)).unwrap();
+    let warm = lock.acquire().await.unwrap();
+    assert_eq!(warm.release().await, Ok(true));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let baseline = alive_tasks();
+    let mut guard = lock.acquire().await.unwrap(); // renewal due at 1.0 s
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    guard.extend().await.unwrap(); // renewal now due at 1.5 s
+    tokio::time::sleep(Duration::from_millis(700)).await; // 1.2 s
+    assert_eq!(
+        alive_tasks(),
+        baseline,
+        "moved to a task before its deadline"
+    );
+    tokio::time::sleep(Duration::from_millis(1_000)).await; // 2.2 s
+    assert_eq!(alive_tasks(), baseline + 1, "moved at its deadline");
+    assert!(guard.is_held());
+    assert_eq!(guard.release().await, Ok(true));
+}
+
+/// A parked guard dropped inside the runtime is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_parked_guard_releases_it() {
+    let Some(redis) = redis_or_skip("parked holds") else {
+        return;
+    };
+    let lock = Lock::new([redis.client()], "parked-drop", renewing(60_000)).unwrap();
+    drop(lock.acquire().await.unwrap());
+    let next = lock
+        .acquire_timeout(Duration::from_millis(1_000))
+        .await
+        .expect("the dropped parked guard was released");
+    assert_eq!(next.release().await, Ok(true));
+}
+
+/// The driver's timers, made in a short-lived runtime by a call run
+/// there, are not polled by the next call after that runtime is gone.
+#[test]
+fn a_call_after_a_short_lived_runtime_went_away_does_not_panic() {
+    let Some(redis) = redis_or_skip("parked holds") else {
+        return;
+    };
+    let rt = runtime();
+    let lock = Lock::new([redis.client()], "parked-dead-timer", renewing(10_000)).unwrap();
+    let mut guard = rt.block_on(lock.acquire()).unwrap();
+    {
+        let other = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        other.block_on(guard.extend()).unwrap();
+    }
+    // Well within the TTL, back on the runtime that runs.
+    let extended = rt.block_on(async {
+        tokio::spawn(async move {
+            let r = guard.extend().await;
+            (r, guard)
+        })
+        .await
+    });
+    let (result, guard) = extended.expect("the extend's task panicked");
+    result.unwrap();
+    assert_eq!(rt.block_on(guard.release()), Ok(true));
+}
