@@ -825,7 +825,7 @@ impl<R: Recipe> Engine<R> {
     /// and report `event`; when the lease has run out by then, report
     /// `Lost` alone, which concludes the extend (the contract: one event
     /// per operation, see `Event::Lost`). With `auto_renew`, renewal tries
-    /// again a third of a TTL later (the extend cleared its timer): an
+    /// again ([`renewal_retry_at`]; the extend cleared its timer): an
     /// unanswered or refused renewal, or the application's extend, must
     /// not end the renewals of a hold that stands.
     fn hold_on(&mut self, now: Millis, lease: Lease, event: Event) {
@@ -838,7 +838,8 @@ impl<R: Recipe> Engine<R> {
         if let Some(ttl) = self.ttl_ms {
             self.base.timers.set(Timer::Expiry, lease.valid_until);
             if self.auto_renew {
-                self.base.timers.set(Timer::Renew, now + (ttl / 3).max(1));
+                let at = renewal_retry_at(now, lease.valid_until, ttl);
+                self.base.timers.set(Timer::Renew, at);
             }
         }
         let since = R::KEEPS_HOLD_START.then_some(now);
@@ -1372,6 +1373,20 @@ pub(crate) use engine_machine;
 /// The "unexpected reply" failure of a recipe step.
 pub(crate) fn unexpected<S>(request: &'static str, reply: Reply) -> Next<S> {
     Next::Failed(ProtocolError::UnexpectedReply { request, reply })
+}
+
+/// When renewal tries again after a renewal or an extend, failed at `now`,
+/// of a lease valid until `valid_until`: a third of a TTL later, as after a
+/// renewal that went through, but no later than halfway to the lease's end,
+/// so that a failure late in the lease (a reply timeout near a third of the
+/// TTL, or a second failure in a row) still leaves a try before the lease
+/// runs out; and no sooner than a twelfth of a TTL, so that failures that
+/// come at once (a connection refused) make a few tries per lease, not one
+/// per millisecond (at most four after a failure at a third of the TTL:
+/// at about 2/3, 5/6 and 11/12 of it, and one the expiry overtakes).
+pub(crate) fn renewal_retry_at(now: Millis, valid_until: Millis, ttl_ms: u64) -> Millis {
+    let left = valid_until.0.saturating_sub(now.0);
+    now + (ttl_ms / 3).min(left / 2).max(ttl_ms / 12).max(1)
 }
 
 #[cfg(test)]

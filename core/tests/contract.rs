@@ -1043,3 +1043,55 @@ fn an_error_reply_to_a_renewal_concludes_no_operation_of_the_application() {
     }
     assert!(renewing >= 2);
 }
+
+/// A renewal that fails late in the lease (here at 0.7 of it: a request
+/// timeout of 0.37 TTL, e.g. the adapter's default 1 s with a 2.7 s TTL,
+/// or a second failure in a row) is still tried again before the old
+/// lease ends, as `RenewalFailed` promises.
+#[test]
+fn renewal_failing_late_in_the_lease_still_tries_again_before_it_ends() {
+    let mut renewing = BTreeSet::new();
+    let mut failing = Vec::new();
+    for id in ProtocolId::all() {
+        let Some((mut m, _nodes, renewal, sent)) = renewal_in_flight(id) else {
+            continue;
+        };
+        renewing.insert(id);
+        let valid_until = m.lease().expect("held").valid_until;
+        // The renewal (sent at 1/3 TTL) is unanswered at 0.7 TTL of the
+        // lease, well before its end (0.988 TTL).
+        let failed_at = Millis(valid_until.0 - 288);
+        assert!(failed_at > sent, "{id}");
+        m.handle_reply(failed_at, renewal.id, Outcome::Unknown);
+        while m.poll_event().is_some() {}
+        assert!(m.lease().is_some(), "{id}: the hold stands");
+        // Run the machine's timers until it sends a renewal or loses.
+        let mut sent_again = false;
+        let mut lost = false;
+        for _ in 0..10 {
+            let Some(at) = m.poll_timeout() else { break };
+            m.handle_timeout(at);
+            if m.poll_transmit().is_some() {
+                sent_again = true;
+                break;
+            }
+            if std::iter::from_fn(|| m.poll_event())
+                .any(|e| matches!(e, lockwright_core::Event::Lost))
+            {
+                lost = true;
+                break;
+            }
+        }
+        if !sent_again || lost {
+            failing.push(format!(
+                "{id} ({} ms left, lost: {lost})",
+                valid_until.0 - failed_at.0
+            ));
+        }
+    }
+    assert!(renewing.contains(&ProtocolId::Fenced), "{renewing:?}");
+    assert!(
+        failing.is_empty(),
+        "no renewal retried before the lease ended: {failing:?}"
+    );
+}

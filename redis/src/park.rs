@@ -21,8 +21,8 @@
 //! its guard's calls come from (each runtime has an alarm task of its own),
 //! as its task did before: when that runtime shuts down, the holds it would
 //! have woken are not renewed, and their TTL ends them. A guard dropped
-//! outside any runtime hands its driver to the grant runtime, which
-//! releases the hold (best effort) as a task did when its channel closed.
+//! outside its grant runtime hands its driver back to it, which releases
+//! the hold (best effort) as a task did when its channel closed.
 
 use crate::driver::{Call, Inline, OwnWork};
 use std::cmp::Ordering as CmpOrdering;
@@ -367,20 +367,21 @@ impl Parked {
 }
 
 impl Drop for Parked {
-    /// The guard is gone (and no alarm is waking it). Inside a runtime the
-    /// driver's own drop finishes its work (it releases the hold, best
-    /// effort); outside any, the driver goes back to the grant runtime to
-    /// be dropped there.
+    /// The guard is gone (and no alarm is waking it). Inside the grant
+    /// runtime the driver's own drop finishes its work (it releases the
+    /// hold, best effort); elsewhere, the driver goes back to the grant
+    /// runtime to be dropped there.
     fn drop(&mut self) {
         let slot = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         let State::Here(inline) = std::mem::replace(&mut slot.state, State::Out) else {
             return;
         };
-        if Handle::try_current().is_ok() {
+        if Handle::try_current().is_ok_and(|h| h.id() == self.runtime.id()) {
             drop(inline);
         } else {
-            // On a runtime that has shut down the future is dropped here,
-            // and with no runtime the TTL ends the hold.
+            // Outside the grant runtime (none, or another that may end
+            // first). On a runtime that has shut down the future is
+            // dropped here, and with no runtime the TTL ends the hold.
             self.runtime.spawn(async move { drop(inline) });
         }
     }

@@ -441,3 +441,41 @@ async fn renewal_goes_on_after_a_renewal_or_an_extend_without_a_reply() {
         assert_eq!(guard.release().await, Ok(true), "{protocol}");
     }
 }
+
+/// With the default request timeout (1 s) and a 2 s TTL, a renewal held
+/// up at the server past the request timeout is unanswered at about
+/// 1.67 s, with 0.3 s of the lease left: the retry comes within it (a
+/// third of a TTL later would be after the lease's end), and Redis
+/// answers again from about 1.75 s on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_renewal_with_the_default_request_timeout_is_retried() {
+    let Some(redis) = redis_or_skip("renewal retried within the lease") else {
+        return;
+    };
+    let options = LockOptions {
+        auto_renew: true,
+        ..LockOptions::new(ProtocolId::Fenced, Duration::from_millis(2_000))
+    };
+    assert_eq!(
+        options.request_timeout,
+        Duration::from_secs(1),
+        "the default"
+    );
+    let lock = Lock::new([redis.client()], "renew-late", options).unwrap();
+    let guard = lock.acquire().await.unwrap();
+    let mut conn = redis.conn().await;
+    tokio::time::sleep(Duration::from_millis(550)).await;
+    // Writes held up from 0.55 s to 1.75 s: the renewal (0.67 s) runs late
+    // and is never answered within its 1 s.
+    let _: () = raw(
+        &mut conn,
+        redis::cmd("CLIENT").arg("PAUSE").arg(1_200).arg("WRITE"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(
+        guard.is_held(),
+        "lost after one unanswered renewal, no retry within the lease: {guard:?}"
+    );
+    let _ = guard.release().await;
+}

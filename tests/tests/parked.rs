@@ -299,3 +299,30 @@ fn a_call_after_a_short_lived_runtime_went_away_does_not_panic() {
     result.unwrap();
     assert_eq!(rt.block_on(guard.release()), Ok(true));
 }
+
+/// A parked guard dropped inside another, short-lived runtime: its
+/// driver goes back to the grant runtime, which releases the hold (a
+/// release spawned on the short-lived runtime would die with it).
+#[test]
+fn a_parked_guard_dropped_in_a_short_lived_runtime_is_released() {
+    let Some(redis) = redis_or_skip("parked holds") else {
+        return;
+    };
+    let rt = runtime();
+    let lock = Lock::new([redis.client()], "parked-drop-other", renewing(10_000)).unwrap();
+    let guard = rt.block_on(lock.acquire()).unwrap();
+    {
+        let other = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        other.block_on(async move { drop(guard) });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let again = rt.block_on(lock.try_acquire()).unwrap();
+    assert!(
+        again.is_some(),
+        "the guard dropped in a short-lived runtime was not released (it stands until its TTL)"
+    );
+    rt.block_on(again.unwrap().release()).unwrap();
+}

@@ -445,11 +445,16 @@ impl Reentrant {
                 }
             }
         };
-        // The old lease stands until its validity; try again later.
+        // The old lease stands until its validity; try again later, before
+        // it runs out.
         if now >= old {
             return self.lose();
         }
         self.arm(now);
+        if self.auto_renew {
+            let at = crate::engine::renewal_retry_at(now, old, self.ttl_ms);
+            self.base.timers.set(Timer::Renew, at);
+        }
         self.base.out.emit(failure);
     }
 }
@@ -889,18 +894,20 @@ mod tests {
             }
             events.extend(std::iter::from_fn(|| a.poll_event()));
         }
+        let not_extended = Event::NotExtended {
+            by: Extension::Renewal,
+        };
         assert_eq!(
             events,
             [
-                Event::NotExtended {
-                    by: Extension::Renewal
-                },
-                Event::NotExtended {
-                    by: Extension::Renewal
-                },
+                not_extended.clone(),
+                not_extended.clone(),
+                not_extended.clone(),
+                not_extended,
                 Event::Lost
             ],
-            "tries at 1000 and 2000, lost at 2970"
+            "tries at 1000, then halfway to the lease's end but at least a \
+             twelfth of a TTL apart: 1985, 2477, 2727; lost at 2970"
         );
         assert_eq!(a.lease(), None);
     }
