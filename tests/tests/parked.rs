@@ -157,6 +157,28 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A runtime of one thread, for a call made from elsewhere and then gone.
+fn short_lived() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A renewing hold granted on a runtime of its own (returned), then
+/// extended from a short-lived runtime that is gone by the return.
+fn extended_from_a_short_lived_runtime(
+    redis: &lockwright_tests::RedisServer,
+    name: &str,
+    ttl_ms: u64,
+) -> (tokio::runtime::Runtime, Lock, lockwright_redis::LockGuard) {
+    let rt = runtime();
+    let lock = Lock::new([redis.client()], name, renewing(ttl_ms)).unwrap();
+    let mut guard = rt.block_on(lock.acquire()).unwrap();
+    short_lived().block_on(guard.extend()).unwrap();
+    (rt, lock, guard)
+}
+
 /// A parked guard dropped outside any runtime: its driver goes back to the
 /// grant runtime, which releases the hold.
 #[test]
@@ -187,16 +209,7 @@ fn an_extend_from_a_short_lived_runtime_leaves_the_hold_renewing() {
     let Some(redis) = redis_or_skip("parked holds") else {
         return;
     };
-    let rt = runtime();
-    let lock = Lock::new([redis.client()], "parked-two-runtimes", renewing(900)).unwrap();
-    let mut guard = rt.block_on(lock.acquire()).unwrap();
-    {
-        let other = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        other.block_on(guard.extend()).unwrap();
-    }
+    let (rt, lock, guard) = extended_from_a_short_lived_runtime(&redis, "parked-two-runtimes", 900);
     // Past the TTL twice, with `rt` running all along.
     std::thread::sleep(Duration::from_millis(2_000));
     assert!(
@@ -277,16 +290,8 @@ fn a_call_after_a_short_lived_runtime_went_away_does_not_panic() {
     let Some(redis) = redis_or_skip("parked holds") else {
         return;
     };
-    let rt = runtime();
-    let lock = Lock::new([redis.client()], "parked-dead-timer", renewing(10_000)).unwrap();
-    let mut guard = rt.block_on(lock.acquire()).unwrap();
-    {
-        let other = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        other.block_on(guard.extend()).unwrap();
-    }
+    let (rt, _lock, mut guard) =
+        extended_from_a_short_lived_runtime(&redis, "parked-dead-timer", 10_000);
     // Well within the TTL, back on the runtime that runs.
     let extended = rt.block_on(async {
         tokio::spawn(async move {
@@ -312,11 +317,7 @@ fn a_parked_guard_dropped_in_a_short_lived_runtime_is_released() {
     let lock = Lock::new([redis.client()], "parked-drop-other", renewing(10_000)).unwrap();
     let guard = rt.block_on(lock.acquire()).unwrap();
     {
-        let other = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        other.block_on(async move { drop(guard) });
+        short_lived().block_on(async move { drop(guard) });
     }
     std::thread::sleep(Duration::from_millis(500));
     let again = rt.block_on(lock.try_acquire()).unwrap();
