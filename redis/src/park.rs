@@ -2,10 +2,9 @@
 //! deadline (automatic renewal at a third of the TTL) stays with its guard,
 //! whose calls run it inline as they run a hold that never renews, and an
 //! alarm task of its [`Nodes`](crate::Nodes) ([`Alarms`]) wakes it at the
-//! deadline by moving it to a task of its own, as every renewing hold was
-//! moved at its grant before. A hold released before its first renewal
-//! (most short holds) therefore costs no task, no channel and no hop
-//! between tasks for the release.
+//! deadline by moving it to a task of its own. A hold released before its
+//! first renewal (most short holds) therefore costs no task, no channel and
+//! no hop between tasks for the release.
 //!
 //! The alarm task keeps the deadlines in a heap, each with a weak handle
 //! to its hold: a hold that is gone by its deadline is skipped, and one
@@ -19,10 +18,11 @@
 //!
 //! A hold's alarm runs on the runtime it was granted in, whichever runtime
 //! its guard's calls come from (each runtime has an alarm task of its own),
-//! as its task did before: when that runtime shuts down, the holds it would
-//! have woken are not renewed, and their TTL ends them. A guard dropped
-//! outside its grant runtime hands its driver back to it, which releases
-//! the hold (best effort) as a task did when its channel closed.
+//! and so does the task it moves to: when that runtime shuts down, the
+//! holds it would have woken are not renewed, and their TTL ends them. A
+//! guard dropped outside its grant runtime hands its driver back to it,
+//! which releases the hold (best effort), as a hold's task does when its
+//! guard's channel closes.
 
 use crate::driver::{Call, Inline, OwnWork};
 use std::cmp::Ordering as CmpOrdering;
