@@ -374,10 +374,10 @@ struct TokenReleaseTally {
 /// A driver for `machine` over `routes` (node `i` is `routes[i]`), not yet
 /// running: [`Inline::drive`] runs it inside the caller's future, and
 /// [`Inline::into_holder`] parks it or moves it to a task of its own when
-/// the hold acts on its own (automatic renewal, undo resends). A driver taken from `spare` keeps the
-/// routes and settings it was first made with: a spare belongs to one lock,
-/// whose routes and settings never change, so every call for that lock
-/// must pass the same ones.
+/// the hold acts on its own (automatic renewal, undo resends). A driver
+/// taken from `spare` keeps the routes and settings it was first made with:
+/// a spare belongs to one lock, whose routes and settings never change, so
+/// every call for that lock must pass the same ones.
 pub(crate) fn new(
     machine: Machine,
     routes: &[Route],

@@ -29,12 +29,19 @@ struct Pool {
 }
 
 thread_local! {
-    static POOL: RefCell<Pool> = const {
-        RefCell::new(Pool { bytes: [0; BLOCK], next: BLOCK, pid: 0 })
-    };
+    static POOL: RefCell<Pool> = const { RefCell::new(Pool::empty()) };
 }
 
 impl Pool {
+    /// No bytes yet: the first draw reads a block.
+    const fn empty() -> Pool {
+        Pool {
+            bytes: [0; BLOCK],
+            next: BLOCK,
+            pid: 0,
+        }
+    }
+
     /// Fill `out` with bytes never handed out before, in this process.
     fn draw(&mut self, out: &mut [u8], pid: u32) -> Result<(), Error> {
         if self.pid != pid || BLOCK - self.next < out.len() {
@@ -139,11 +146,7 @@ mod tests {
 
     #[test]
     fn a_new_process_id_discards_the_block() {
-        let mut pool = Pool {
-            bytes: [0; BLOCK],
-            next: BLOCK,
-            pid: 0,
-        };
+        let mut pool = Pool::empty();
         let mut first = [0u8; 16];
         pool.draw(&mut first, 7).unwrap();
         assert_eq!(pool.next, 16);
@@ -165,11 +168,7 @@ mod tests {
 
     #[test]
     fn handed_out_bytes_are_cleared_and_a_full_block_refills() {
-        let mut pool = Pool {
-            bytes: [0; BLOCK],
-            next: BLOCK,
-            pid: 0,
-        };
+        let mut pool = Pool::empty();
         let mut out = [0u8; 24];
         pool.draw(&mut out, 1).unwrap();
         assert!(pool.bytes[..24].iter().all(|&b| b == 0));
